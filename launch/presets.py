@@ -1,0 +1,84 @@
+"""Named presets: complete `Config` instances for the hardware this project targets.
+
+    tiny        random tiny Llama built in memory; a full run in seconds (tests)
+    cpu-demo    embedded SmolLM2-135M-Instruct, sized for a 2-core CPU box (`make demo`)
+    cpu-14core  Qwen2-0.5B-Instruct, 6 rollout workers on a 14-core CPU box
+    gpu-8gb     DeepSeek-R1-Distill-Qwen-1.5B, NF4 QLoRA r=16, vLLM worker, one 8 GB card
+"""
+
+from __future__ import annotations
+
+from launch.config import (
+    Config,
+    ConfigError,
+    CurriculumConfig,
+    GRPOConfig,
+    LoraConfig,
+    ModelConfig,
+    RolloutConfig,
+    RunConfig,
+)
+
+
+def _tiny() -> Config:
+    return Config(
+        preset="tiny",
+        model=ModelConfig(name="tiny-random-llama", dtype="fp32"),
+        lora=LoraConfig(mode="lora", r=8, alpha=16),
+        rollout=RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=12,
+                              max_staleness=1, call_timeout_s=120.0),
+        grpo=GRPOConfig(lr=1e-3, entropy_rho=0.5, micro_batch=8),
+        run=RunConfig(steps=4, checkpoint_every=2, sample_every=2, eval_n=20),
+    )
+
+
+def _cpu_demo() -> Config:
+    return Config(
+        preset="cpu-demo",
+        model=ModelConfig(name="smollm2-135m-instruct"),
+        lora=LoraConfig(mode="lora", r=16, alpha=32),
+        rollout=RolloutConfig(prompts_per_step=4, group_size=8, max_new_tokens=48,
+                              num_workers=1, threads_per_worker=1, learner_threads=1,
+                              max_staleness=1),
+        grpo=GRPOConfig(lr=3e-4, entropy_rho=0.2, micro_batch=16),
+        curriculum=CurriculumConfig(task="arith", level=1),
+        run=RunConfig(steps=60, checkpoint_every=20, eval_n=100),
+    )
+
+
+def _cpu_14core() -> Config:
+    return Config(
+        preset="cpu-14core",
+        model=ModelConfig(name="Qwen/Qwen2-0.5B-Instruct"),
+        lora=LoraConfig(mode="lora", r=16, alpha=32),
+        rollout=RolloutConfig(prompts_per_step=8, group_size=8, max_new_tokens=256,
+                              num_workers=6, threads_per_worker=1, learner_threads=8,
+                              max_staleness=1),
+        grpo=GRPOConfig(lr=1e-4, entropy_rho=0.2, micro_batch=16),
+        curriculum=CurriculumConfig(task="arith", level=2),
+        run=RunConfig(steps=200, checkpoint_every=25),
+    )
+
+
+def _gpu_8gb() -> Config:
+    return Config(
+        preset="gpu-8gb",
+        model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="bf16",
+                          gradient_checkpointing=True),
+        lora=LoraConfig(mode="qlora", r=16, alpha=32),
+        rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8,
+                              max_new_tokens=512, max_prompt_tokens=512, max_staleness=1),
+        grpo=GRPOConfig(lr=5e-5, entropy_rho=0.2, micro_batch=4),
+        curriculum=CurriculumConfig(task="gsm8k"),
+        run=RunConfig(steps=500, checkpoint_every=25),
+    )
+
+
+PRESETS = {"tiny": _tiny, "cpu-demo": _cpu_demo, "cpu-14core": _cpu_14core, "gpu-8gb": _gpu_8gb}
+
+
+def get_preset(name: str) -> Config:
+    """A fresh Config for the named preset; unknown names are a one-line ConfigError."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset: must be one of {', '.join(PRESETS)}; got {name!r}")
+    return PRESETS[name]()

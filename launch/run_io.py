@@ -1,0 +1,145 @@
+"""Run directory I/O: config, metrics, samples, wandb, plot, atomic checkpoints.
+
+    RUN_DIR/config.json      the resolved Config
+    RUN_DIR/metrics.jsonl    one JSON object per step, namespaced keys (reward/mean, time/step_s)
+    RUN_DIR/samples.jsonl    a few completions with their rewards every k steps
+    RUN_DIR/summary.json     final figures
+    RUN_DIR/curves.png       reward and accuracy per step
+    RUN_DIR/ckpt-000020/     checkpoints (written to .tmp-*, then renamed: never half-written)
+    RUN_DIR/final/           a checkpoint transformers/peft can load
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+
+CKPT_PREFIX = "ckpt-"
+
+
+def default_run_dir() -> str:
+    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+
+
+class RunWriter:
+    """Appends metrics and samples; optionally mirrors metrics to wandb."""
+
+    def __init__(self, run_dir: str, cfg_dict: dict, resume_step: int | None = None):
+        self.dir = run_dir
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(cfg_dict, f, indent=2)
+        if resume_step is not None:  # drop rows of steps the resumed run will redo
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                _truncate_jsonl(os.path.join(run_dir, name), resume_step)
+        self.wandb = _init_wandb(cfg_dict, run_dir, resume_step is not None)
+
+    def log(self, row: dict) -> None:
+        with open(os.path.join(self.dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(row, step=row["step"])
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        with open(os.path.join(self.dir, "samples.jsonl"), "a") as f:
+            for r in rows:
+                f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def summary(self, data: dict) -> None:
+        with open(os.path.join(self.dir, "summary.json"), "w") as f:
+            json.dump(data, f, indent=2)
+        if self.wandb is not None:
+            self.wandb.summary.update(data)
+            self.wandb.finish()
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_jsonl(path: str, step: int) -> None:
+    rows = [r for r in read_jsonl(path) if r.get("step", 0) < step]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def _init_wandb(cfg_dict: dict, run_dir: str, resume: bool):
+    project = cfg_dict["run"]["wandb_project"]
+    if not project:
+        return None
+    import wandb
+
+    mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return wandb.init(project=project, dir=run_dir, config=cfg_dict, mode=mode,
+                      name=os.path.basename(os.path.normpath(run_dir)),
+                      resume="allow" if resume else None)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+def checkpoint_tmp(run_dir: str, step: int) -> str:
+    """A fresh temp dir to fill; `commit_checkpoint` renames it into place."""
+    path = os.path.join(run_dir, f".tmp-{CKPT_PREFIX}{step:06d}-{os.getpid()}")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def commit_checkpoint(run_dir: str, tmp: str, step: int, driver_state: dict, keep: int) -> str:
+    """Write the driver state last, rename atomically, then prune old checkpoints."""
+    with open(os.path.join(tmp, "driver.pkl"), "wb") as f:
+        pickle.dump(driver_state, f)
+    with open(os.path.join(tmp, "COMPLETE"), "w") as f:
+        f.write(str(step))
+    final = os.path.join(run_dir, f"{CKPT_PREFIX}{step:06d}")
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: str) -> list[str]:
+    """Complete checkpoints, oldest first (temp dirs and ones without COMPLETE are ignored)."""
+    if not os.path.isdir(run_dir):
+        return []
+    names = sorted(n for n in os.listdir(run_dir) if n.startswith(CKPT_PREFIX))
+    paths = [os.path.join(run_dir, n) for n in names]
+    return [p for p in paths if os.path.exists(os.path.join(p, "COMPLETE"))]
+
+
+def load_driver_state(ckpt: str) -> dict:
+    with open(os.path.join(ckpt, "driver.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
+def plot_curves(run_dir: str, rows: list[dict]) -> str | None:
+    """curves.png: reward/mean and reward/correct per step (matplotlib, headless)."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("reward/mean", "reward"), ("reward/correct", "accuracy (train)"),
+                       ("reward/format", "format")):
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], label=label)
+    ax.set_xlabel("step")
+    ax.set_title(os.path.basename(os.path.normpath(run_dir)))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = os.path.join(run_dir, "curves.png")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path

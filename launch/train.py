@@ -1,0 +1,273 @@
+"""The training job: rollout actors + one learner actor, GRPO, on a local or existing Ray cluster.
+
+Local run (starts a Ray cluster of its own):
+
+    python -m launch.train --preset cpu-demo
+    python -m launch.train --preset tiny --steps 4 --run-dir runs/tiny
+    python -m launch.train --resume runs/tiny --steps 8      # continue from the last checkpoint
+
+As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `rollout-0`, ...):
+
+    ray start --head --dashboard-host 127.0.0.1
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
+        python -m launch.train --preset cpu-demo
+
+Data flow of step k: prompts k -> workers generate G completions each and verify them ->
+group-normalised advantages -> Learner.train_step -> export once into the object store ->
+every worker loads that ref. Rollouts for step k use weights version max(0, k - max_staleness),
+so with staleness 1 the rollout of step k+1 runs while the learner trains on step k.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+import ray
+import torch
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from tqdm import tqdm
+
+from actors.hf_worker import HFRolloutWorker
+from actors.types import RolloutBatch
+from launch import run_io
+from launch.cli import parse_config
+from launch.config import Config, ConfigError
+from learner.learner import Learner, TrainBatch
+from learner.losses import group_advantages, zero_std_fraction
+from rewards import make_task
+
+log = logging.getLogger("homerl.train")
+
+
+def connect_ray(cfg: Config) -> None:
+    """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        return
+    need = cfg.rollout.learner_threads + cfg.rollout.num_workers * cfg.rollout.threads_per_worker
+    ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
+
+
+def make_placement(cfg: Config, timeout_s: float = 60.0):
+    """One bundle for the learner, one per rollout worker; refuse fast when it cannot fit."""
+    r = cfg.rollout
+    bundles = [{"CPU": r.learner_threads}] + [{"CPU": r.threads_per_worker}] * r.num_workers
+    pg = placement_group(bundles, strategy="PACK")
+    if not pg.wait(timeout_seconds=timeout_s):
+        have = ray.cluster_resources().get("CPU", 0)
+        need = sum(b["CPU"] for b in bundles)
+        ray.util.remove_placement_group(pg)
+        raise ConfigError(f"cluster cannot host the layout: needs {need} CPUs "
+                          f"(learner {r.learner_threads} + {r.num_workers} workers x "
+                          f"{r.threads_per_worker}), cluster has {have:g}")
+    return pg
+
+
+def step_prompts(task, cfg: Config, step: int) -> list[dict]:
+    """The data cursor is the step: prompts of step k are a pure function of (seed, k)."""
+    b = cfg.rollout.prompts_per_step
+    return [task.train_sample(step * b + i) for i in range(b)]
+
+
+def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
+    """Group-normalised advantages over each prompt's G completions."""
+    g = cfg.rollout.group_size
+    rewards = torch.as_tensor(rb.rewards, dtype=torch.float32).view(-1, g)      # (B, G)
+    adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).view(-1)           # (B*G,)
+    batch = TrainBatch(rb.prompt_ids, rb.completion_ids, rb.logprobs, rb.entropy,
+                       adv.numpy())
+    return batch, {"adv/zero_std_frac": zero_std_fraction(rewards)}
+
+
+def rollout_metrics(rb: RolloutBatch) -> dict:
+    lengths = [len(c) for c in rb.completion_ids]
+    errors = [e for e in rb.reward_errors if e]
+    out = {
+        "reward/mean": float(np.mean(rb.rewards)),
+        "reward/correct": float(np.mean(rb.correct)),
+        "reward/format": float(np.mean(rb.format_score)),
+        "rollout/len_mean": float(np.mean(lengths)),
+        "rollout/stop_frac": float(np.mean([r == "stop" for r in rb.finish_reasons])),
+        "rollout/tokens": rb.num_tokens,
+        "rollout/tokens_per_s": rb.num_tokens / max(rb.gen_time_s, 1e-9),
+        "rollout/version": rb.version,
+        "rollout/skipped_prompts": len(rb.skipped),
+        "reward/errors": len(errors),
+    }
+    for code in sorted(set(errors)):
+        out[f"reward/error_{code}"] = errors.count(code)
+    return out
+
+
+def sample_rows(rb: RolloutBatch, prompts: list[dict], n: int = 4) -> list[dict]:
+    rows = []
+    for i in range(min(n, len(rb.texts))):
+        p = prompts[rb.prompt_index[i]]
+        rows.append({"question": p["question"], "answer": p["answer"], "completion": rb.texts[i],
+                     "reward": float(rb.rewards[i]), "correct": float(rb.correct[i]),
+                     "error": rb.reward_errors[i]})
+    return rows
+
+
+class Trainer:
+    """Drives one run: owns the actors, the step loop and the run directory."""
+
+    def __init__(self, cfg: Config, run_dir: str, resume: bool = False):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.task = make_task(cfg.curriculum.task, cfg.curriculum.level,
+                              cfg.curriculum.data_path or None, cfg.run.seed)
+        connect_ray(cfg)
+        self.pg = make_placement(cfg)
+        self.learner = ray.remote(Learner).options(
+            num_cpus=cfg.rollout.learner_threads, name=f"learner-{os.getpid()}",
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=0),
+        ).remote(cfg)
+        from launch.pool import WorkerPool  # after ray.init: it builds remote classes
+
+        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg, first_bundle=1)
+        self.start, self.pending = 0, {}
+        ckpts = run_io.list_checkpoints(run_dir) if resume else []
+        if ckpts:
+            self._restore(ckpts[-1])
+        self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
+
+    def _restore(self, ckpt: str) -> None:
+        state = run_io.load_driver_state(ckpt)
+        version = ray.get(self.learner.load.remote(ckpt))
+        if version > 0:
+            self.pool.push(self.learner.export.remote(), version)
+        self.start = state["step"]
+        self.pool.restarts = state["restarts"]
+        self.pending = {j: b for j, b in state["pending"].items()}
+        log.info("resumed from %s at step %d", ckpt, self.start)
+
+    def _fill(self, k: int, version: int) -> None:
+        """Launch rollouts k .. k+staleness that are not yet in flight (at `version`)."""
+        last = min(k + self.cfg.rollout.max_staleness, self.cfg.run.steps - 1)
+        for j in range(k, last + 1):
+            if j not in self.pending:
+                prompts = step_prompts(self.task, self.cfg, j)
+                self.pending[j] = self.pool.submit(j, prompts, seed=self.cfg.run.seed * 100_003 + j)
+
+    def _rollout(self, k: int) -> RolloutBatch:
+        p = self.pending.pop(k)
+        return p if isinstance(p, RolloutBatch) else self.pool.collect(p)
+
+    def run(self) -> dict:
+        cfg, t_start = self.cfg, time.perf_counter()
+        bar = tqdm(range(self.start, cfg.run.steps), desc="train", unit="step",
+                   initial=self.start, total=cfg.run.steps, file=sys.stdout)
+        version = self.start
+        for k in bar:
+            t0 = time.perf_counter()
+            self._fill(k, version)
+            rb = self._rollout(k)
+            t_roll = time.perf_counter() - t0
+            batch, adv_stats = to_train_batch(rb, cfg)
+            t1 = time.perf_counter()
+            metrics = ray.get(self.learner.train_step.remote(batch))
+            t_learn = time.perf_counter() - t1
+            version = metrics["weights/version"]
+            t2 = time.perf_counter()
+            self.pool.push(self.learner.export.remote(), version)
+            t_sync = time.perf_counter() - t2
+            row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics,
+                   "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
+                   "time/learner_s": t_learn, "time/sync_s": t_sync,
+                   "faults/worker_restarts": self.pool.restarts}
+            every = cfg.run.checkpoint_every
+            if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
+                self._fill(k + 1, version)
+                row["time/checkpoint_s"] = self.checkpoint(k + 1)
+            row["time/step_s"] = time.perf_counter() - t0
+            self.writer.log(row)
+            if k % cfg.run.sample_every == 0:
+                self.writer.samples(k, sample_rows(rb, step_prompts(self.task, cfg, k)))
+            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['reward/correct']:.2f}",
+                            s_step=f"{row['time/step_s']:.1f}")
+        return self.finish(time.perf_counter() - t_start)
+
+    def checkpoint(self, step: int) -> float:
+        """Learner state + the rollouts already generated for later steps, atomically."""
+        t0 = time.perf_counter()
+        tmp = run_io.checkpoint_tmp(self.run_dir, step)
+        ray.get(self.learner.save.remote(tmp))
+        pending = {j: self._rollout(j) for j in sorted(self.pending)}
+        self.pending = dict(pending)
+        run_io.commit_checkpoint(self.run_dir, tmp, step,
+                                 {"step": step, "pending": pending, "restarts": self.pool.restarts},
+                                 self.cfg.run.keep_checkpoints)
+        return time.perf_counter() - t0
+
+    def finish(self, wall_s: float) -> dict:
+        final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
+        rows = self.writer.metrics()
+        tail = rows[-max(1, len(rows) // 5):]
+        summary = {
+            "steps": len(rows), "wall_s": wall_s, "final": final,
+            "s_per_step_median": float(np.median([r["time/step_s"] for r in rows])) if rows else 0,
+            "reward_first": rows[0]["reward/mean"] if rows else None,
+            "reward_last_20pct": float(np.mean([r["reward/mean"] for r in tail])) if rows else None,
+            "correct_last_20pct": (float(np.mean([r["reward/correct"] for r in tail]))
+                                   if rows else None),
+            "worker_restarts": self.pool.restarts,
+        }
+        run_io.plot_curves(self.run_dir, rows)
+        self.writer.summary(summary)
+        return summary
+
+    def shutdown(self) -> None:
+        self.pool.shutdown()
+        ray.kill(self.learner, no_restart=True)
+        ray.util.remove_placement_group(self.pg)
+
+
+def _extra_args(parser) -> None:
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue RUN_DIR from its last complete checkpoint")
+
+
+def resolve_run(argv=None) -> tuple[Config, str, bool]:
+    """Config and run dir from the CLI; with --resume the run's own config.json wins."""
+    cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
+    if args.resume is None:
+        return cfg, cfg.run.run_dir or run_io.default_run_dir(), False
+    path = os.path.join(args.resume, "config.json")
+    if not os.path.exists(path):
+        print(f"launch.train: error: --resume: {path} not found", file=sys.stderr)
+        raise SystemExit(2)
+    with open(path) as f:
+        saved = json.load(f)
+    if getattr(args, "run.steps") is not None:
+        saved["run"]["steps"] = cfg.run.steps
+    return Config.from_dict(saved), args.resume, True
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg, run_dir, resume = resolve_run(argv)
+    try:
+        trainer = Trainer(cfg, run_dir, resume)
+    except ConfigError as e:
+        print(f"launch.train: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.shutdown()
+    print(json.dumps(summary, indent=2))
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

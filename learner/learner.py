@@ -1,0 +1,226 @@
+"""The learner: one GRPO update per step, EWC consolidation, weight export, checkpoints.
+
+A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray actor with
+`ray.remote(num_cpus=k)(Learner)`. Run a step by hand:
+
+    python -c "from learner.learner import Learner; from launch.presets import get_preset; \
+               Learner(get_preset('tiny'))"
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from learner import losses
+from learner.export import export_weights, save_final
+from learner.model import build_policy, pick_dtype, selected_logprobs, set_threads
+
+
+@dataclass
+class TrainBatch:
+    """N sequences of one step (B prompts x G completions), as the driver hands them over."""
+
+    prompt_ids: list[list[int]]
+    """(N, P_i) prompt token ids, no padding"""
+    completion_ids: list[list[int]]
+    """(N, T_i) sampled completion token ids, no padding"""
+    old_logp: list[np.ndarray]
+    """(N, T_i) behaviour log-probs the rollout sampled with"""
+    entropy: list[np.ndarray]
+    """(N, T_i) per-token entropy of the rollout's sampling distribution"""
+    advantages: np.ndarray
+    """(N,) group-normalised advantages"""
+
+
+def _pad(rows: list, fill: float, width: int, dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
+    return out
+
+
+class Learner:
+    """Owns the trainable policy, its optimizer and the EWC state."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        set_threads(cfg.rollout.learner_threads)
+        torch.manual_seed(cfg.run.seed)
+        self.model, self.trainable = build_policy(cfg.model, cfg.lora)
+        self.autocast = pick_dtype(cfg.model.dtype)
+        self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.grpo.lr,
+                                     weight_decay=cfg.grpo.weight_decay)
+        self.version = 0
+        self.fisher: dict[str, torch.Tensor] = {}
+        self.anchor: dict[str, torch.Tensor] = {}
+        self.ref_model = None
+        if cfg.grpo.beta > 0 and cfg.lora.mode == "full":
+            self.ref_model, _ = build_policy(cfg.model, cfg.lora)  # frozen copy: full FT only
+            self.ref_model.requires_grad_(False)
+
+    def ping(self) -> int:
+        return self.version
+
+    # ---- the GRPO step -------------------------------------------------------------------
+    def _micro_batches(self, batch: TrainBatch, active: list[int]):
+        """Yield index lists of active sequences, length-sorted so padding stays small."""
+        mb = self.cfg.grpo.micro_batch
+        order = sorted(active,
+                       key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))
+        for s in range(0, len(order), mb):
+            yield order[s: s + mb]
+
+    def _forward_selected(self, model, batch: TrainBatch, idx: list[int], sel: torch.Tensor):
+        """Log-probs of the selected completion tokens of sequences `idx`, as (m, T) dense.
+
+        sel: (N, T) bool selected-token mask of the whole step. Unselected entries are 0.
+        """
+        seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in idx]
+        width = max(len(s) for s in seqs)
+        ids = _pad(seqs, 0, width, torch.long)                                 # (m, L)
+        attn = _pad([[1] * len(s) for s in seqs], 0, width, torch.long)        # (m, L)
+        rows, cols = sel[idx].nonzero(as_tuple=True)                           # (K,), (K,)
+        plen = torch.tensor([len(batch.prompt_ids[i]) for i in idx])
+        targets = ids[rows, plen[rows] + cols]                                 # (K,)
+        logp_k, ent_k = selected_logprobs(model, ids, attn, rows, plen[rows] + cols - 1,
+                                          targets, self.cfg.rollout.temperature, self.autocast)
+        logp = torch.zeros(len(idx), sel.shape[1])                             # (m, T)
+        logp = logp.index_put((rows, cols), logp_k)
+        return logp, ent_k
+
+    def train_step(self, batch: TrainBatch) -> dict:
+        """One GRPO update on a step's batch. Returns namespaced scalar metrics."""
+        g, t0 = self.cfg.grpo, time.perf_counter()
+        T = max(len(c) for c in batch.completion_ids)
+        mask = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
+        entropy = _pad(batch.entropy, 0.0, T, torch.float32)                   # (N, T)
+        old_logp = _pad(batch.old_logp, 0.0, T, torch.float32)                # (N, T)
+        adv = torch.as_tensor(batch.advantages, dtype=torch.float32)            # (N,)
+        sel = losses.entropy_topk_mask(entropy, mask, g.entropy_rho)            # (N, T)
+        # Normalisers over the whole step, so micro-batching leaves the loss unchanged.
+        n_tok = sel.sum().clamp(min=1)
+        n_seq = sel.any(1).sum().clamp(min=1)
+        # With beta == 0 a zero-advantage sequence has zero gradient: skip its forward pass.
+        active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or g.beta > 0)]
+        stats_sum: dict[str, float] = {}
+        for idx in self._micro_batches(batch, active):
+            logp, _ = self._forward_selected(self.model, batch, idx, sel)
+            ref = self._ref_logp(batch, idx, sel) if g.beta > 0 else None
+            loss, stats = losses.grpo_loss(logp, old_logp[idx], adv[idx], sel[idx],
+                                           eps_low=g.eps_low, eps_high=g.eps_high,
+                                           agg=g.loss_agg, ref_logp=ref, beta=g.beta)
+            if g.loss_agg == "token_mean":
+                w = sel[idx].sum() / n_tok
+            else:
+                w = sel[idx].any(1).sum() / n_seq
+            (loss * w).backward()
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * float(w)
+        ewc = self._ewc_backward()
+        grad_norm = self._clip_and_step()
+        self.version += 1
+        return {
+            "loss/policy": stats_sum.get("policy", 0.0),
+            "loss/kl": stats_sum.get("kl", 0.0),
+            "loss/ewc": ewc,
+            "policy/clip_frac": stats_sum.get("clip_frac", 0.0),
+            "policy/approx_kl": stats_sum.get("approx_kl", 0.0),
+            "policy/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+            "grad/norm": grad_norm,
+            "tokens/selected": int(sel.sum()),
+            "tokens/completion": int(mask.sum()),
+            "tokens/active_seqs": len(active),
+            "time/learner_compute_s": time.perf_counter() - t0,
+            "weights/version": self.version,
+        }
+
+    def _ref_logp(self, batch, idx, sel):
+        with torch.no_grad():
+            if self.ref_model is not None:
+                logp, _ = self._forward_selected(self.ref_model, batch, idx, sel)
+            else:
+                with self.model.disable_adapter():  # LoRA: the base is the reference
+                    logp, _ = self._forward_selected(self.model, batch, idx, sel)
+        return logp
+
+    def _ewc_backward(self) -> float:
+        if not self.fisher or self.cfg.ewc.lam == 0:
+            return 0.0
+        penalty = losses.ewc_penalty(self.params, self.anchor, self.fisher, self.cfg.ewc.lam)
+        penalty.backward()
+        return float(penalty)
+
+    def _clip_and_step(self) -> float:
+        params = list(self.params.values())
+        max_norm = self.cfg.grpo.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # ---- EWC -----------------------------------------------------------------------------
+    def consolidate(self, batches: list[TrainBatch]) -> dict:
+        """Diagonal Fisher of log pi(completion | prompt) over `batches`, then anchor here.
+
+        "Lightning" estimate: squared gradients of the batch-mean log-likelihood, one backward
+        per batch (seconds, not minutes). Online EWC: F <- gamma * F_prev + F_new.
+        """
+        t0 = time.perf_counter()
+        new = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        used = batches[: self.cfg.ewc.fisher_batches]
+        for batch in used:
+            T = max(len(c) for c in batch.completion_ids)
+            sel = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
+            idx = list(range(len(batch.completion_ids)))
+            logp, _ = self._forward_selected(self.model, batch, idx, sel)
+            (logp.sum() / sel.sum()).backward()
+            for n, p in self.params.items():
+                if p.grad is not None:
+                    new[n] += p.grad.detach() ** 2 / len(used)
+            self.opt.zero_grad(set_to_none=True)
+        self.fisher = losses.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
+        self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
+        total = sum(float(f.sum()) for f in self.fisher.values())
+        return {"ewc/fisher_sum": total, "time/consolidate_s": time.perf_counter() - t0}
+
+    # ---- weights and checkpoints -------------------------------------------------------------
+    def export(self) -> dict:
+        """What rollout workers need for the current version (LoRA: adapters only)."""
+        return export_weights(self.model, self.cfg.lora, self.version)
+
+    def save(self, path: str) -> None:
+        """Everything needed to resume bit-for-bit (written into an existing directory)."""
+        state = {
+            "params": {n: p.detach().clone() for n, p in self.params.items()},
+            "opt": self.opt.state_dict(),
+            "version": self.version,
+            "fisher": self.fisher,
+            "anchor": self.anchor,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                    "python": random.getstate()},
+        }
+        torch.save(state, os.path.join(path, "learner.pt"))
+
+    def load(self, path: str) -> int:
+        state = torch.load(os.path.join(path, "learner.pt"), weights_only=False)
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(state["params"][n])
+        self.opt.load_state_dict(state["opt"])
+        self.version = state["version"]
+        self.fisher, self.anchor = state["fisher"], state["anchor"]
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        return self.version
+
+    def save_final(self, path: str, merged: bool = False) -> str:
+        """A checkpoint transformers/peft can load; `merged` folds LoRA into full weights."""
+        return save_final(self.model, self.cfg, path, merged)

@@ -1,0 +1,98 @@
+"""Policy construction for the learner: full fine-tune, LoRA, or QLoRA (NF4 base + LoRA).
+
+Also the selected-position forward: the decoder runs on the whole sequence, but the LM head and
+the log-softmax run only at the positions the entropy mask selected, which is where most of a
+small model's FLOPs go (vocab 49k x hidden 576 for SmolLM2) and so where ρ < 1 saves compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+from launch.models import cpu_supports_bf16, load_model, resolve_model
+
+
+def pick_dtype(dtype: str) -> torch.dtype:
+    """Compute dtype for autocast: bf16 where the hardware runs it fast, else fp32."""
+    if dtype == "bf16":
+        return torch.bfloat16
+    if dtype == "fp32":
+        return torch.float32
+    if torch.cuda.is_available() or cpu_supports_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_policy(model_cfg, lora_cfg):
+    """Load the policy as the learner trains it. Returns (model, trainable_names).
+
+    full: fp32 master weights, all trainable. lora: frozen fp32 base + fp32 adapters.
+    qlora: NF4 base through bitsandbytes (runs on CPU too) + fp32 adapters.
+    """
+    path = resolve_model(model_cfg.name)
+    if lora_cfg.mode == "qlora":
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        compute = pick_dtype(model_cfg.dtype)
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                   bnb_4bit_compute_dtype=compute,
+                                   bnb_4bit_use_double_quant=True)
+        device_map = {"": 0} if torch.cuda.is_available() else {"": "cpu"}
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quant,
+                                                     device_map=device_map)
+    else:
+        model = load_model(path, dtype=torch.float32)
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if lora_cfg.mode in ("lora", "qlora"):
+        from peft import LoraConfig, get_peft_model
+
+        peft_cfg = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha,
+                              lora_dropout=lora_cfg.dropout,
+                              target_modules=lora_cfg.modules(), task_type="CAUSAL_LM")
+        model = get_peft_model(model, peft_cfg)
+        if model_cfg.gradient_checkpointing:
+            model.enable_input_require_grads()
+    model.train()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return model, names
+
+
+def decoder_and_head(model):
+    """(decoder, lm_head) of a causal LM, unwrapping a peft model (adapters stay active)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def selected_logprobs(model, input_ids, attention_mask, pos_rows, pos_cols, targets,
+                      temperature: float = 1.0, autocast_dtype=torch.float32):
+    """Log-probs (and entropies) of `targets` at selected positions only.
+
+    input_ids, attention_mask: (M, L) right-padded prompt+completion.
+    pos_rows, pos_cols: (K,) positions whose hidden state predicts `targets` (K,).
+    Returns logp (K,), entropy (K,) in fp32; the LM head runs on K rows instead of M*L.
+    """
+    decoder, head = decoder_and_head(model)
+    use_autocast = autocast_dtype != torch.float32
+    ctx = torch.autocast(input_ids.device.type, dtype=autocast_dtype) if use_autocast \
+        else contextlib.nullcontext()
+    with ctx:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = hidden[pos_rows, pos_cols]                          # (K, H)
+        logits = head(h).float() / temperature                  # (K, V)
+    logp_all = F.log_softmax(logits, dim=-1)                    # (K, V)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)    # (K,)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)          # (K,)
+    return logp, entropy
+
+
+def set_threads(n: int) -> None:
+    """Pin torch (and OpenMP/MKL) to n threads: each actor owns exactly its CPU share."""
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)

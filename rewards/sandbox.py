@@ -1,0 +1,236 @@
+"""Hard per-item time limits for reward verification.
+
+sympy can run for minutes on adversarial completions, and math-verify's own
+limit uses ``signal.alarm``, which only works on the main thread (not inside Ray
+actors or trainer threads). So `VerifierPool` runs the verifier in one persistent
+``spawn``-ed worker process, sends it a whole batch at once and reads results
+back one by one, giving every item its own deadline. An item that overruns gets
+a ``timeout`` result; the worker is killed and replaced, and the rest of the
+batch is scored by the fresh worker.
+
+Caveat: ``spawn`` re-imports the parent's ``__main__`` module in the worker, so a
+script using this module must keep its work under ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+
+from rewards.verifiers import TIMEOUT, VERIFIER_CRASH, RewardResult, error_result, verify
+
+VerifyFn = Callable[[object, object], RewardResult]
+
+STARTUP_TIMEOUT_S = 60.0  # generous: a cold start imports sympy
+KILL_GRACE_S = 0.5  # time between SIGTERM and SIGKILL
+# Scored once at worker start so the sympy import is not charged to the first item.
+_WARMUP_ITEM = ("\\boxed{\\sqrt{4}}", "2")
+
+
+class _DropTimeoutNotice(logging.Filter):
+    """Drop math-verify's "Timeout is disabled" warning: in the worker the pool enforces one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def _worker_main(conn: Connection, verify_fn: VerifyFn) -> None:
+    """Worker loop: warm up, say "ready", then score batches until the pipe closes."""
+    # Ctrl-C is the parent's business; it closes our pipe, which ends this loop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutNotice())
+    verify_fn(*_WARMUP_ITEM)
+    conn.send("ready")
+    while True:
+        try:
+            batch = conn.recv()
+        except EOFError:
+            return
+        for index, completion, answer in batch:
+            try:
+                result = verify_fn(completion, answer)
+            except Exception:  # noqa: BLE001 - an injected verify_fn may raise; report per item
+                traceback.print_exc()
+                result = error_result(VERIFIER_CRASH)
+            conn.send((index, result))
+
+
+class VerifierPool:
+    """One persistent verifier worker process with per-item hard time limits.
+
+    Use as a context manager or call `close()`. Thread-safe: concurrent `score`
+    calls are serialised. `errors` counts "timeout" and "verifier_crash" results;
+    `starts` counts worker (re)starts.
+    """
+
+    def __init__(self, verify_fn: VerifyFn = verify, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        """`verify_fn` must be a picklable top-level function (it is sent to the worker)."""
+        self._verify_fn = verify_fn
+        self._startup_timeout_s = startup_timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.starts = 0
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker. Idempotent; the pool cannot be used afterwards."""
+        with self._lock:
+            self._stop_worker()
+            self._closed = True
+
+    def score(
+        self, completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0
+    ) -> list[RewardResult]:
+        """Score each completion against its reference, each within `timeout_s` seconds.
+
+        Results come back in input order. Items that overrun get error "timeout",
+        items whose worker died get "verifier_crash"; scoring then goes on in a
+        fresh worker.
+        """
+        if len(completions) != len(answers):
+            raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("VerifierPool is closed")
+            results: list[RewardResult | None] = [None] * len(completions)
+            pending = list(range(len(completions)))
+            while pending:
+                conn = self._send_batch([(i, completions[i], answers[i]) for i in pending])
+                pending = self._collect(conn, pending, results, timeout_s)
+            return results  # type: ignore[return-value]  # every slot is filled
+
+    def _send_batch(self, batch: list[tuple[int, object, object]]) -> Connection:
+        """Send `batch` to a live worker, restarting it once if it died while idle."""
+        for attempt in range(2):
+            conn = self._ensure_worker()
+            try:
+                conn.send(batch)
+                return conn
+            except (BrokenPipeError, ConnectionResetError):
+                self._stop_worker()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _collect(
+        self,
+        conn: Connection,
+        pending: list[int],
+        results: list[RewardResult | None],
+        timeout_s: float,
+    ) -> list[int]:
+        """Receive results for `pending` in order; return the items still unscored.
+
+        The worker handles items sequentially, so the gap between consecutive
+        results is the time spent on one item: each wait gets the full budget.
+        """
+        for position, index in enumerate(pending):
+            failure = None
+            if not conn.poll(timeout_s):
+                failure = TIMEOUT
+            else:
+                try:
+                    got_index, result = conn.recv()
+                except (EOFError, OSError):  # the worker died mid-item
+                    failure = VERIFIER_CRASH
+            if failure is not None:
+                self._stop_worker()
+                self.errors[failure] += 1
+                results[index] = error_result(failure)
+                return pending[position + 1 :]
+            if got_index != index:
+                raise RuntimeError(f"verifier worker answered item {got_index}, expected {index}")
+            if result.error == VERIFIER_CRASH:
+                self.errors[VERIFIER_CRASH] += 1
+            results[index] = result
+        return []
+
+    def _ensure_worker(self) -> Connection:
+        """Return the connection to a live worker, starting one if needed."""
+        if self._process is not None and self._process.is_alive() and self._conn is not None:
+            return self._conn
+        self._stop_worker()
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=_worker_main,
+            args=(child_conn, self._verify_fn),
+            name="homerl-verifier",
+            daemon=True,
+        )
+        process.start()
+        # Drop our copy of the child's end so a dead worker reads as EOF here.
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+        self.starts += 1
+        try:
+            ready = parent_conn.poll(self._startup_timeout_s) and parent_conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            exitcode = process.exitcode
+            self._stop_worker()
+            why = (
+                f"exited with code {exitcode} (see its traceback above)"
+                if exitcode is not None
+                else f"was not ready within {self._startup_timeout_s:.0f} s"
+            )
+            raise RuntimeError(f"verifier worker {why}")
+        return parent_conn
+
+    def _stop_worker(self) -> None:
+        """Terminate, then kill, the worker process if there is one."""
+        process, conn = self._process, self._conn
+        self._process, self._conn = None, None
+        if conn is not None:
+            conn.close()
+        if process is None:
+            return
+        if process.is_alive():
+            process.terminate()
+            process.join(KILL_GRACE_S)
+        if process.is_alive():
+            process.kill()
+        process.join()
+
+
+_global_pool: VerifierPool | None = None
+_global_pool_pid: int | None = None
+_global_lock = threading.Lock()
+
+
+def _shared_pool() -> VerifierPool:
+    """The process-global pool, created on first use (and again after a fork)."""
+    global _global_pool, _global_pool_pid
+    with _global_lock:
+        if _global_pool is None or _global_pool_pid != os.getpid():
+            # After a fork the inherited pool's pipe belongs to the parent: start afresh.
+            _global_pool, _global_pool_pid = VerifierPool(), os.getpid()
+            atexit.register(_global_pool.close)
+        return _global_pool
+
+
+def score_completions(
+    completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0
+) -> list[RewardResult]:
+    """Score a batch with the lazily created process-global `VerifierPool`."""
+    return _shared_pool().score(completions, answers, timeout_s=timeout_s)

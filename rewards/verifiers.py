@@ -1,0 +1,234 @@
+"""Scoring a completion against a reference answer.
+
+`verify` is the single entry point used for rewards. It is pure (no processes,
+no signals) and never raises: every failure becomes a `RewardResult` with an
+explicit error code from `ERROR_CODES`. Hard wall-clock limits are the job of
+`rewards.sandbox`, which runs this function in a worker process; here we only
+refuse inputs that are known to make sympy/math-verify explode.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from rewards.parsing import (
+    MAX_NUMBER_DIGITS,
+    extract_answer,
+    has_tagged_answer,
+    normalize_answer,
+    to_fraction,
+)
+
+logger = logging.getLogger(__name__)
+
+# --- error codes: the closed set a RewardResult.error can take (None = ok) ---
+EMPTY = "empty"  # completion is empty or whitespace only (or None)
+NO_ANSWER = "no_answer"  # no tagged answer and no number anywhere
+TOO_LONG = "too_long"  # longer than MAX_COMPLETION_CHARS; not parsed at all
+NON_UTF8 = "non_utf8"  # bytes that are not UTF-8, unencodable str, or not text at all
+TIMEOUT = "timeout"  # set by rewards.sandbox when the time limit was hit
+BAD_REFERENCE = "bad_reference"  # the reference answer itself is unusable
+VERIFIER_CRASH = "verifier_crash"  # a bug in verify, or the sandbox worker died
+ERROR_CODES = frozenset(
+    {EMPTY, NO_ANSWER, TOO_LONG, NON_UTF8, TIMEOUT, BAD_REFERENCE, VERIFIER_CRASH}
+)
+
+MAX_COMPLETION_CHARS = 20_000
+MAX_REFERENCE_CHARS = 1_000
+REL_TOL = Fraction(1, 10**6)
+# Symbolic checking only sees short expressions with small, flat exponents:
+# sympy evaluates 9^{9^{9}} or 10^{10^{6}} eagerly and never comes back.
+MAX_SYMBOLIC_CHARS = 200
+MAX_POWERS = 3
+
+# The format our prompts ask for: the last non-empty line is exactly
+# "Answer: <number>" (case-insensitive), where <number> may carry a leading "$",
+# a sign, thousands commas, decimals, an a/b fraction, a trailing "%" or ".".
+# Anything else ("**Answer:** 42", "Answer: 42 apples") earns only partial credit.
+ANSWER_FORMAT = re.compile(
+    r"(?i)^answer:[ \t]*\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?\.?$"
+)
+
+_DIGIT_RUN_RE = re.compile(r"\d+")
+_POWER_RE = re.compile(r"\^|\*\*")
+# An exponent must be a short literal or one letter, optionally braced ...
+_SAFE_EXPONENT_RE = re.compile(r"\s*(?:-?\d{1,3}|[A-Za-z]|\{\s*-?(?:\d{1,3}|[A-Za-z])\s*\})")
+# ... and must not itself be raised to a power (towers like 9**9**9).
+_CHAINED_POWER_RE = re.compile(r"\s*(?:\^|\*\*)")
+_PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_HEAVY_RE = re.compile(r"\\(?:sum|prod|int|lim|binom|choose)|!")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Outcome of scoring one completion.
+
+    score: 1.0 if the answer is correct, else 0.0.
+    format_score: 1.0 if the answer is given in the asked format (see `format_score`).
+    parsed: the normalised extracted answer, None when nothing was extracted.
+    error: one of `ERROR_CODES`, None when scoring went fine.
+    """
+
+    score: float
+    format_score: float
+    parsed: str | None
+    error: str | None
+
+
+def error_result(code: str) -> RewardResult:
+    """A zero-score result carrying error `code` (must be in `ERROR_CODES`)."""
+    if code not in ERROR_CODES:
+        raise ValueError(f"unknown reward error code {code!r}")
+    return RewardResult(0.0, 0.0, None, code)
+
+
+def format_score(text: str) -> float:
+    """Score how well `text` follows the requested answer format.
+
+    1.0: the last non-empty line matches `ANSWER_FORMAT`.
+    0.5: an explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``) is present elsewhere.
+    0.0: no tagged answer at all.
+    """
+    stripped = text.strip()
+    last_line = stripped.rsplit("\n", 1)[-1].strip()
+    if ANSWER_FORMAT.match(last_line):
+        return 1.0
+    return 0.5 if has_tagged_answer(stripped) else 0.0
+
+
+def _symbolic_safe(expr: str) -> bool:
+    """True when `expr` is small and flat enough to hand to sympy without risk."""
+    if len(expr) > MAX_SYMBOLIC_CHARS or _HEAVY_RE.search(expr):
+        return False
+    if any(len(run) > MAX_NUMBER_DIGITS for run in _DIGIT_RUN_RE.findall(expr)):
+        return False
+    powers = list(_POWER_RE.finditer(expr))
+    if len(powers) > MAX_POWERS:
+        return False
+    for power in powers:
+        exponent = _SAFE_EXPONENT_RE.match(expr, power.end())
+        if exponent is None or _CHAINED_POWER_RE.match(expr, exponent.end()):
+            return False
+    return True
+
+
+def _symbolic_equal(pred: str, ref: str) -> bool:
+    """Compare with math-verify; only called on `_symbolic_safe` inputs."""
+    # Imported lazily: sympy costs ~0.5 s to import and plain numbers never need it.
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    # Timeouts off: math-verify's own limit uses signal.alarm, which fails off the
+    # main thread. The wall-clock limit comes from rewards.sandbox instead.
+    gold = parse(f"\\boxed{{{ref}}}", parsing_timeout=None)
+    target = parse(f"\\boxed{{{pred}}}", parsing_timeout=None)
+    if not gold or not target:
+        return False
+    return bool(mv_verify(gold, target, timeout_seconds=None))
+
+
+def is_equivalent(pred: str | None, ref: str | None) -> bool:
+    """True when answer `pred` equals reference `ref`.
+
+    Plain numbers and integer fractions are compared numerically: integers
+    exactly, anything else within relative tolerance `REL_TOL` (so "1/3" matches
+    "0.3333333"). Only when either side is not a plain number is math-verify asked,
+    and only for inputs that pass the `_symbolic_safe` guard.
+    """
+    pred_norm, ref_norm = normalize_answer(pred), normalize_answer(ref)
+    if pred_norm is None or ref_norm is None:
+        return False
+    pred_val, ref_val = to_fraction(pred_norm), to_fraction(ref_norm)
+    if pred_val is not None and ref_val is not None:
+        if pred_val.denominator == 1 and ref_val.denominator == 1:
+            # Integers compare exactly: 1000000 vs 1000001 is a wrong answer.
+            return pred_val == ref_val
+        return abs(pred_val - ref_val) <= REL_TOL * max(abs(pred_val), abs(ref_val))
+    if pred_norm == ref_norm:
+        return True
+    if not (_symbolic_safe(pred_norm) and _symbolic_safe(ref_norm)):
+        return False
+    return _symbolic_equal(pred_norm, ref_norm)
+
+
+def parse_reference(answer: object) -> str | None:
+    """Normalised reference from a GSM8K solution ("...#### 72") or a plain answer.
+
+    Returns None when the reference is unusable: not text, empty, too long, or
+    neither a plain number nor a short, word-free expression safe for symbolic checking.
+    """
+    if isinstance(answer, bool) or not isinstance(answer, (str, int)):
+        return None
+    text = str(answer)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1]
+    text = text.strip()
+    if not text or len(text) > MAX_REFERENCE_CHARS:
+        return None
+    ref = normalize_answer(text)
+    if ref is None or to_fraction(ref) is not None:
+        return ref
+    # A symbolic reference must be maths, not prose: "\\frac{1}{\\sqrt{2}}" or "x+1",
+    # but not "unknown" (an English word: two letters not part of a LaTeX command).
+    if _PROSE_RE.search(ref) or not _symbolic_safe(ref):
+        return None
+    return ref
+
+
+def _as_text(completion: object) -> tuple[str | None, str | None]:
+    """Turn a completion into str, or return the error code explaining why not."""
+    if completion is None:
+        return None, EMPTY
+    if isinstance(completion, (bytes, bytearray)):
+        # UTF-8 needs at most 4 bytes a char: longer input is too long for sure.
+        if len(completion) > 4 * MAX_COMPLETION_CHARS:
+            return None, TOO_LONG
+        try:
+            return bytes(completion).decode("utf-8"), None
+        except UnicodeDecodeError:
+            return None, NON_UTF8
+    if not isinstance(completion, str):
+        return None, NON_UTF8
+    return completion, None
+
+
+def _verify(completion: object, answer: object) -> RewardResult:
+    """`verify` without the last-resort crash guard."""
+    reference = parse_reference(answer)
+    if reference is None:
+        return error_result(BAD_REFERENCE)
+    text, error = _as_text(completion)
+    if error is not None:
+        return error_result(error)
+    if len(text) > MAX_COMPLETION_CHARS:
+        return error_result(TOO_LONG)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates, e.g. from surrogateescape decoding
+        return error_result(NON_UTF8)
+    if not text.strip():
+        return error_result(EMPTY)
+    fmt = format_score(text)
+    raw, _rule = extract_answer(text)
+    parsed = normalize_answer(raw)
+    if parsed is None:
+        return RewardResult(0.0, fmt, None, NO_ANSWER)
+    score = 1.0 if is_equivalent(parsed, reference) else 0.0
+    return RewardResult(score, fmt, parsed, None)
+
+
+def verify(completion: str | bytes, answer: str) -> RewardResult:
+    """Score `completion` against reference `answer`; never raises.
+
+    `answer` is a GSM8K solution ending in ``#### N`` or a plain answer string.
+    Any unexpected exception is logged and reported as ``verifier_crash`` so a
+    bug shows up in the error counts instead of silently as a zero reward.
+    """
+    try:
+        return _verify(completion, answer)
+    except Exception:  # noqa: BLE001 - contract: never raise; the code makes it visible
+        logger.exception("verify crashed on completion of type %s", type(completion).__name__)
+        return error_result(VERIFIER_CRASH)

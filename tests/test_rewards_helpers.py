@@ -1,0 +1,25 @@
+"""Injectable verify functions for VerifierPool tests (no tests in here).
+
+They live in an importable top-level module because the pool's spawn-ed worker
+imports its verify function by name.
+"""
+
+import os
+import time
+
+from rewards.verifiers import verify
+
+SLOW = "__slow_item__"  # sleeps far past any test timeout
+CRASH = "__crash_item__"  # kills the worker process outright
+RAISE = "__raise_item__"  # raises inside the worker, which survives
+
+
+def marker_verify(completion, answer):
+    """`verify`, except for the marker completions above."""
+    if completion == SLOW:
+        time.sleep(60)
+    elif completion == CRASH:
+        os._exit(3)
+    elif completion == RAISE:
+        raise RuntimeError("deliberate failure for tests")
+    return verify(completion, answer)

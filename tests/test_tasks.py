@@ -1,0 +1,175 @@
+"""Tests for rewards.tasks: arithmetic and GSM8K tasks, the factory, prompts."""
+
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from rewards.arith import is_heldout_question, level1_space
+from rewards.tasks import (
+    INSTRUCTION,
+    ArithmeticTask,
+    DatasetError,
+    GSM8KTask,
+    format_prompt,
+    make_task,
+)
+from rewards.verifiers import verify
+
+GSM8K_TRAIN = Path(__file__).resolve().parents[2] / "shared/data/gsm8k/train.jsonl"
+SAMPLE_KEYS = {"id", "question", "answer", "task", "level"}
+BINARY_RE = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_arith_deterministic_per_seed(level):
+    first, second = ArithmeticTask(level, seed=7), ArithmeticTask(level, seed=7)
+    samples = [first.train_sample(i) for i in range(200)]
+    assert samples == [second.train_sample(i) for i in range(200)]
+    assert samples[0].keys() == SAMPLE_KEYS and samples[0]["level"] == level
+    other = [ArithmeticTask(level, seed=8).train_sample(i) for i in range(200)]
+    assert [s["question"] for s in samples] != [s["question"] for s in other]
+    assert first.heldout(20) == ArithmeticTask(level, seed=99).heldout(20)  # seed-free
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_arith_heldout_never_in_training(level):
+    task = ArithmeticTask(level, seed=0)
+    heldout = {s["question"] for s in task.heldout(200)}
+    assert heldout and all(is_heldout_question(q) for q in heldout)
+    training = {task.train_sample(i)["question"] for i in range(5000)}
+    assert heldout.isdisjoint(training)
+
+
+def test_arith_level1_heldout_is_capped_and_distinct():
+    task = ArithmeticTask(1, seed=0)
+    reserved = [p for p in level1_space() if is_heldout_question(p[0])]
+    heldout = task.heldout(1000)
+    assert len(heldout) == len(reserved) < 1000
+    assert len({s["question"] for s in heldout}) == len(heldout)
+    assert task.heldout(5) == heldout[:5]
+    assert len(level1_space()) == len({q for q, _ in level1_space()}) == 155
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_arith_answers_are_correct(level):
+    task = ArithmeticTask(level, seed=3)
+    for sample in [task.train_sample(i) for i in range(500)] + task.heldout(30):
+        a, op, b = BINARY_RE.match(sample["question"]).groups()
+        a, b = int(a), int(b)
+        assert sample["answer"] == str({"+": a + b, "-": a - b, "*": a * b}[op])
+        if level == 1:
+            assert a < 10 and b < 10 and op in "+-"
+
+
+def test_arith_level3_word_problems():
+    task = ArithmeticTask(3, seed=0)
+    samples = [task.train_sample(i) for i in range(300)]
+    assert all(s["answer"].isdigit() for s in samples)  # non-negative integers
+    assert len({s["question"].split()[1] for s in samples}) > 3  # several templates
+    sample = samples[0]
+    assert verify(f"Steps...\nAnswer: {sample['answer']}", sample["answer"]).score == 1.0
+
+
+def test_arith_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        ArithmeticTask(4, seed=0)
+    with pytest.raises(ValueError):
+        ArithmeticTask(1, seed=0).train_sample(-1)
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(r if isinstance(r, str) else json.dumps(r) for r in rows))
+    return str(path)
+
+
+def _row(i):
+    row = {"question": f"Q{i}: what is {i} + 1?", "answer": f"{i}+1\n#### {i + 1}"}
+    return json.dumps(row) + "\n"
+
+
+def test_gsm8k_reports_bad_lines(tmp_path):
+    rows = [_row(i) for i in range(10)]
+    rows[2] = "{broken json\n"
+    rows[5] = json.dumps({"question": "no final answer", "answer": "42"}) + "\n"
+    rows[7] = "\n"  # blank lines are skipped, not bad
+    path = _write_jsonl(tmp_path / "data.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"data\.jsonl: skipped 2 bad line\(s\): 3, 6"):
+        task = GSM8KTask(path, seed=0, heldout_size=3)
+    assert task.bad_lines == [3, 6]
+    assert len(task) == 4 and len(task.heldout(100)) == 3
+    train = {task.train_sample(i)["question"] for i in range(8)}
+    assert train.isdisjoint(s["question"] for s in task.heldout(3))
+
+
+def test_gsm8k_all_bad_or_missing_raises(tmp_path):
+    path = _write_jsonl(tmp_path / "bad.jsonl", ["nope\n", "[1]\n"])
+    with pytest.raises(DatasetError, match="bad.jsonl"):
+        GSM8KTask(path, seed=0)
+    with pytest.raises(DatasetError, match="missing.jsonl"):
+        GSM8KTask(str(tmp_path / "missing.jsonl"), seed=0)
+
+
+def test_gsm8k_epochs_are_seeded_permutations(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [_row(i) for i in range(12)])
+    task = GSM8KTask(path, seed=1, heldout_size=2)
+    epoch0 = [task.train_sample(i)["id"] for i in range(10)]
+    epoch1 = [task.train_sample(i)["id"] for i in range(10, 20)]
+    assert sorted(epoch0) == sorted(epoch1) and len(set(epoch0)) == 10
+    assert epoch0 != epoch1
+    assert epoch0 == [
+        GSM8KTask(path, seed=1, heldout_size=2).train_sample(i)["id"] for i in range(10)
+    ]
+    assert epoch0 != [
+        GSM8KTask(path, seed=2, heldout_size=2).train_sample(i)["id"] for i in range(10)
+    ]
+
+
+def test_gsm8k_hub_unreachable_raises_dataset_error(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(DatasetError, match="local JSONL"):
+        GSM8KTask(None, seed=0)
+
+
+@pytest.mark.skipif(not GSM8K_TRAIN.exists(), reason="shared GSM8K copy not present")
+def test_gsm8k_real_file():
+    task = make_task("gsm8k", data_path=str(GSM8K_TRAIN), seed=0)
+    heldout = task.heldout(200)
+    assert len(heldout) == 200 and task.bad_lines == []
+    sample = task.train_sample(0)
+    assert sample.keys() == SAMPLE_KEYS and sample["task"] == "gsm8k"
+    assert re.fullmatch(r"-?\d+(\.\d+)?", sample["answer"])
+    heldout_questions = {s["question"] for s in heldout}
+    assert all(task.train_sample(i)["question"] not in heldout_questions for i in range(2000))
+
+
+def test_make_task():
+    assert isinstance(make_task("arith", level=2, seed=5), ArithmeticTask)
+    with pytest.raises(ValueError, match="arith, gsm8k"):
+        make_task("mmlu")
+
+
+class ChatTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert tokenize is False and add_generation_prompt is True
+        return f"<user>{messages[0]['content']}</user><assistant>"
+
+
+class PlainTokenizer:
+    chat_template = None
+
+
+def test_format_prompt_with_and_without_chat_template():
+    chat = format_prompt(ChatTokenizer(), "What is 2 + 2?")
+    assert chat == f"<user>What is 2 + 2?\n{INSTRUCTION}</user><assistant>"
+    plain = format_prompt(PlainTokenizer(), "What is 2 + 2?")
+    assert plain == f"Question: What is 2 + 2?\n{INSTRUCTION}\n"
+    assert format_prompt(object(), "Q", instruction="Be brief.") == "Question: Q\nBe brief.\n"
