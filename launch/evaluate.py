@@ -39,9 +39,10 @@ def load_for_eval(name_or_path: str, dtype: torch.dtype):
         if info["kind"] == "adapter":
             from peft import PeftModel
 
-            base = load_model(resolve_model(info["base_model"]), dtype=dtype)
+            base_path = resolve_model(info["base_model"])
+            base = load_model(base_path, dtype=dtype)
             model = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
-            return model.eval(), load_tokenizer(name_or_path)
+            return model.eval(), load_tokenizer(base_path)
     path = resolve_model(name_or_path)
     return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
 
@@ -67,7 +68,11 @@ def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
              batch_size: int = 32, desc: str = "eval") -> dict:
-    """Score greedy completions of `samples`; returns accuracy, format_rate, n, mean length."""
+    """Score greedy completions of `samples`: accuracy, strict accuracy, format rate, n, length.
+
+    accuracy: right final number by any extraction rule; strict: right and in the asked
+    `Answer: N` final-line format; format_rate: share in that format.
+    """
     t0 = time.perf_counter()
     texts = greedy_complete(model, tokenizer, [s["question"] for s in samples], max_new_tokens,
                             batch_size, desc)
@@ -77,6 +82,7 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return {
         "accuracy": sum(r.score for r in results) / n,
+        "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
         "format_rate": sum(r.format_score == 1.0 for r in results) / n,
         "n": n,
         "mean_completion_tokens": sum(lengths) / n,

@@ -8,7 +8,6 @@ the same weights gives the same completions: a worker death loses no step and du
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import ray
@@ -42,8 +41,9 @@ class Pending:
 class WorkerPool:
     """N rollout actors of one class, kept alive and at a known weight version."""
 
-    def __init__(self, cfg, worker_cls, placement_group=None, first_bundle: int = 1):
-        self.cfg = cfg
+    def __init__(self, cfg, worker_cls, placement_group=None, first_bundle: int = 1,
+                 tag: str = ""):
+        self.cfg, self.tag = cfg, tag
         self.remote_cls = ray.remote(worker_cls)
         self.pg, self.first_bundle = placement_group, first_bundle
         self.payloads: dict[int, ray.ObjectRef | None] = {0: None}  # version -> export ref
@@ -59,8 +59,9 @@ class WorkerPool:
         if self.pg is not None:
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=self.first_bundle + i)
-        opts["name"] = f"rollout-{i}-{int(time.time() * 1000) % 10**8}"
-        return self.remote_cls.options(**opts).remote(self.cfg, name=f"rollout-{i}")
+        name = f"rollout-{i}" + (f"-r{self.restarts}" if self.restarts else "")
+        opts["name"] = f"{name}:{self.tag}" if self.tag else name
+        return self.remote_cls.options(**opts).remote(self.cfg, name=name)
 
     # ---- weights -------------------------------------------------------------------------
     def push(self, payload_ref: ray.ObjectRef, version: int) -> None:
@@ -136,5 +137,15 @@ class WorkerPool:
         return [p["version"] for p in ray.get([w.ping.remote() for w in self.workers])]
 
     def shutdown(self) -> None:
-        for w in self.workers:
-            ray.kill(w, no_restart=True)
+        kill_and_wait(self.workers)
+
+
+def kill_and_wait(actors: list, timeout_s: float = 30.0) -> None:
+    """Kill actors and wait until Ray reports them dead, so their names are free again."""
+    for a in actors:
+        ray.kill(a, no_restart=True)
+    for a in actors:
+        try:
+            ray.get(a.ping.remote(), timeout=timeout_s)
+        except (RayActorError, GetTimeoutError):
+            pass

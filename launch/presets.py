@@ -37,7 +37,7 @@ def _cpu_demo() -> Config:
         preset="cpu-demo",
         model=ModelConfig(name="smollm2-135m-instruct"),
         lora=LoraConfig(mode="lora", r=16, alpha=32),
-        rollout=RolloutConfig(prompts_per_step=4, group_size=8, max_new_tokens=48,
+        rollout=RolloutConfig(prompts_per_step=2, group_size=8, max_new_tokens=40, temperature=0.8,
                               num_workers=1, threads_per_worker=1, learner_threads=1,
                               max_staleness=1),
         grpo=GRPOConfig(lr=3e-4, entropy_rho=0.2, micro_batch=16),

@@ -38,6 +38,7 @@ from actors.types import RolloutBatch
 from launch import run_io
 from launch.cli import parse_config
 from launch.config import Config, ConfigError
+from launch.pool import WorkerPool, kill_and_wait
 from learner.learner import Learner, TrainBatch
 from learner.losses import group_advantages, zero_std_fraction
 from rewards import make_task
@@ -124,16 +125,16 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.task = make_task(cfg.curriculum.task, cfg.curriculum.level,
                               cfg.curriculum.data_path or None, cfg.run.seed)
+        self.tag = os.path.basename(os.path.normpath(run_dir))
         connect_ray(cfg)
         self.pg = make_placement(cfg)
         self.learner = ray.remote(Learner).options(
-            num_cpus=cfg.rollout.learner_threads, name=f"learner-{os.getpid()}",
+            num_cpus=cfg.rollout.learner_threads, name=f"learner:{self.tag}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=0),
         ).remote(cfg)
-        from launch.pool import WorkerPool  # after ray.init: it builds remote classes
 
-        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg, first_bundle=1)
+        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg, first_bundle=1, tag=self.tag)
         self.start, self.pending = 0, {}
         ckpts = run_io.list_checkpoints(run_dir) if resume else []
         if ckpts:
@@ -227,7 +228,7 @@ class Trainer:
 
     def shutdown(self) -> None:
         self.pool.shutdown()
-        ray.kill(self.learner, no_restart=True)
+        kill_and_wait([self.learner])
         ray.util.remove_placement_group(self.pg)
 
 

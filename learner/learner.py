@@ -41,7 +41,7 @@ class TrainBatch:
 def _pad(rows: list, fill: float, width: int, dtype) -> torch.Tensor:
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(np.asarray(r), dtype=dtype)
+        out[i, : len(r)] = torch.as_tensor(np.array(r), dtype=dtype)  # copy: Ray arrays are RO
     return out
 
 
@@ -53,7 +53,8 @@ class Learner:
         set_threads(cfg.rollout.learner_threads)
         torch.manual_seed(cfg.run.seed)
         self.model, self.trainable = build_policy(cfg.model, cfg.lora)
-        self.autocast = pick_dtype(cfg.model.dtype)
+        # Autocast only where weights are fp32 masters (full FT); a bf16 LoRA base runs as is.
+        self.autocast = pick_dtype(cfg.model.dtype) if cfg.lora.mode == "full" else torch.float32
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.grpo.lr,
                                      weight_decay=cfg.grpo.weight_decay)
@@ -155,7 +156,7 @@ class Learner:
             return 0.0
         penalty = losses.ewc_penalty(self.params, self.anchor, self.fisher, self.cfg.ewc.lam)
         penalty.backward()
-        return float(penalty)
+        return float(penalty.detach())
 
     def _clip_and_step(self) -> float:
         params = list(self.params.values())

