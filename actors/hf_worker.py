@@ -10,6 +10,7 @@ import os
 import time
 
 import numpy as np
+import psutil
 import torch
 import torch.nn.functional as F
 
@@ -44,12 +45,16 @@ class HFRolloutWorker:
     def ping(self) -> dict:
         return {"name": self.name, "version": self.version, "pid": os.getpid()}
 
-    def set_weights(self, payload: dict, version: int) -> int:
-        """Load the learner's export for `version` (Ray resolves the ObjectRef to the payload)."""
+    def set_weights(self, payload: dict, version: int, rollback: bool = False) -> int:
+        """Load the learner's export for `version` (Ray resolves the ObjectRef to the payload).
+
+        An older version than the one held is refused unless `rollback` (the driver re-running
+        a failed share with the weights that share was launched with).
+        """
         if payload["version"] != version:
             raise WeightVersionError(
                 f"{self.name}: payload holds version {payload['version']}, push said {version}")
-        if version < self.version:
+        if version < self.version and not rollback:
             raise WeightVersionError(
                 f"{self.name}: refusing stale weights version {version} < current {self.version}")
         self.weights.apply(payload)
@@ -118,7 +123,7 @@ class HFRolloutWorker:
         if keep:
             gen, logp, entropy = self._sample(prompt_ids, group_size, sampling)
             comps, lps, ents, reasons = self._trim(gen, logp, entropy)
-        texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
         index = [i for i in keep for _ in range(group_size)]
         answers = [prompts[i]["answer"] for i in index]
         results = self.verifier.score(texts, answers, timeout_s=self.cfg.rollout.reward_timeout_s)
@@ -131,4 +136,5 @@ class HFRolloutWorker:
             rewards=correct + self.cfg.rollout.format_weight * fmt,
             reward_errors=[r.error for r in results], version=self.version,
             num_prompts=len(prompts), gen_time_s=time.perf_counter() - t0, worker=self.name,
+            rss_gb=psutil.Process().memory_info().rss / 2**30,
             skipped=skipped)

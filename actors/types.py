@@ -43,6 +43,8 @@ class RolloutBatch:
     """wall time of generation + verification on the worker"""
     worker: str = ""
     """name of the worker that produced it"""
+    rss_gb: float = 0.0
+    """resident memory of the worker(s) that produced it, GB (summed by concat)"""
     skipped: list[dict] = field(default_factory=list)
     """prompts refused before generation (e.g. longer than max_prompt_tokens), with reason"""
 
@@ -72,4 +74,5 @@ class RolloutBatch:
                                       for k, v in arrays.items()},
                             version=min(versions), num_prompts=offset,
                             gen_time_s=max(b.gen_time_s for b in batches),
+                            rss_gb=sum(b.rss_gb for b in batches),
                             worker=",".join(b.worker for b in batches))

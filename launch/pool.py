@@ -18,6 +18,9 @@ from actors.types import RolloutBatch
 
 log = logging.getLogger("homerl.pool")
 
+START_TIMEOUT_S = 600.0
+"""a new worker must load its model and answer within this (seconds); calls get call_timeout_s"""
+
 
 @dataclass
 class Share:
@@ -28,6 +31,8 @@ class Share:
     seed: int
     version: int
     ref: ray.ObjectRef | None = None
+    actor: object = None
+    """the actor handle the share was last launched on"""
 
 
 @dataclass
@@ -46,12 +51,12 @@ class WorkerPool:
         self.cfg, self.tag = cfg, tag
         self.remote_cls = ray.remote(worker_cls)
         self.pg, self.first_bundle = placement_group, first_bundle
-        self.payloads: dict[int, ray.ObjectRef | None] = {0: None}  # version -> export ref
+        self.payloads: dict[int, ray.ObjectRef] = {}  # version -> export ref in the object store
         self.version = 0
         self.restarts = 0
         self.workers = [self._spawn(i) for i in range(cfg.rollout.num_workers)]
         self.versions = [0] * len(self.workers)
-        ray.get([w.ping.remote() for w in self.workers], timeout=cfg.rollout.call_timeout_s)
+        ray.get([w.ping.remote() for w in self.workers], timeout=START_TIMEOUT_S)
 
     def _spawn(self, i: int):
         opts = {"num_cpus": self.cfg.rollout.threads_per_worker, "name": None,
@@ -64,23 +69,21 @@ class WorkerPool:
         return self.remote_cls.options(**opts).remote(self.cfg, name=name)
 
     # ---- weights -------------------------------------------------------------------------
-    def push(self, payload_ref: ray.ObjectRef, version: int) -> None:
-        """Queue `version` on every worker (after whatever each is running now)."""
-        self.payloads[version] = payload_ref
-        keep = version - self.cfg.rollout.max_staleness - 1
-        for v in [v for v in self.payloads if 0 < v < keep]:
-            del self.payloads[v]  # no rollout can need it any more
-        for i, w in enumerate(self.workers):
-            w.set_weights.remote(payload_ref, version)
-            self.versions[i] = version
-        self.version = version
+    def push(self, payload_ref: ray.ObjectRef, version: int, initial: bool = False) -> None:
+        """Queue `version` on every worker (after whatever each is running now).
 
-    def _bring_to(self, i: int, version: int) -> None:
-        """Fresh worker i: load the weights `version` needs (version 0 is the base model)."""
-        if version > 0:
-            ray.get(self.workers[i].set_weights.remote(self.payloads[version], version),
-                    timeout=self.cfg.rollout.call_timeout_s)
-        self.versions[i] = version
+        `initial`: only record the payload (workers already hold it, e.g. the base model),
+        so a replacement can be given it later.
+        """
+        self.payloads[version] = payload_ref
+        oldest_needed = version - self.cfg.rollout.max_staleness - 1
+        for v in [v for v in self.payloads if v < oldest_needed]:
+            del self.payloads[v]  # no rollout can need it any more
+        if not initial:
+            for w in self.workers:
+                w.set_weights.remote(payload_ref, version)
+        self.versions = [version] * len(self.workers)
+        self.version = version
 
     # ---- rollouts ------------------------------------------------------------------------
     def submit(self, step: int, prompts: list[dict], seed: int) -> Pending:
@@ -98,8 +101,9 @@ class WorkerPool:
 
     def _launch(self, share: Share) -> None:
         sampling = {"seed": share.seed}
-        share.ref = self.workers[share.worker].generate.remote(
-            share.prompts, self.cfg.rollout.group_size, sampling)
+        share.actor = self.workers[share.worker]
+        share.ref = share.actor.generate.remote(share.prompts, self.cfg.rollout.group_size,
+                                                sampling)
 
     def collect(self, pending: Pending) -> RolloutBatch:
         """Wait for every share; a dead or hung worker is replaced and its share re-run."""
@@ -110,25 +114,36 @@ class WorkerPool:
             try:
                 results[share.worker] = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
             except (RayActorError, GetTimeoutError) as e:
-                log.warning("worker %d failed on step %d (%s); replacing it",
+                log.warning("worker %d failed on step %d (%s); re-running its share",
                             share.worker, pending.step, type(e).__name__)
-                self.replace(share.worker, share.version)
-                self._launch(share)
+                self._recover(share)
                 todo.append(share)
             except RayTaskError:
                 raise  # a bug in the worker, not a fault: surface it
         return RolloutBatch.concat([results[s.worker] for s in pending.shares])
 
-    def replace(self, i: int, version: int) -> None:
-        """Kill worker i (if still there), start a new one and give it `version`."""
+    def _recover(self, share: Share) -> None:
+        """Re-run a failed share on a live worker holding exactly the share's weight version.
+
+        The first failure of an actor replaces it; a later share that was queued on the same
+        dead actor reuses the replacement. Pushes queued on the dead actor were lost, so the
+        newest version is re-applied after the re-run.
+        """
+        i = share.worker
+        if share.actor is self.workers[i]:
+            self.replace(i)
+        worker = self.workers[i]
+        ray.get(worker.set_weights.remote(self.payloads[share.version], share.version, True),
+                timeout=START_TIMEOUT_S)  # includes a replacement's model load
+        self._launch(share)
+        worker.set_weights.remote(self.payloads[self.version], self.version, True)
+        self.versions[i] = self.version
+
+    def replace(self, i: int) -> None:
+        """Kill worker i (SIGKILL if it is hung) and start a new one in its bundle."""
         ray.kill(self.workers[i], no_restart=True)
         self.restarts += 1
         self.workers[i] = self._spawn(i)
-        self._bring_to(i, version)
-        # Later pushes queued on the dead actor are lost; re-apply the newest one.
-        if self.version > version:
-            self.workers[i].set_weights.remote(self.payloads[self.version], self.version)
-            self.versions[i] = self.version
 
     def worker_pids(self) -> list[int]:
         return [p["pid"] for p in ray.get([w.ping.remote() for w in self.workers])]

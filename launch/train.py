@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import ray
 import torch
 from ray.util.placement_group import placement_group
@@ -38,10 +39,11 @@ from actors.types import RolloutBatch
 from launch import run_io
 from launch.cli import parse_config
 from launch.config import Config, ConfigError
+from launch.models import ModelNotFoundError, resolve_model
 from launch.pool import WorkerPool, kill_and_wait
 from learner.learner import Learner, TrainBatch
 from learner.losses import group_advantages, zero_std_fraction
-from rewards import make_task
+from rewards import DatasetError, make_task
 
 log = logging.getLogger("homerl.train")
 
@@ -88,6 +90,11 @@ def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
     return batch, {"adv/zero_std_frac": zero_std_fraction(rewards)}
 
 
+def rss_gb(pid: int | None = None) -> float:
+    """Resident memory of a process (this one by default), GB."""
+    return psutil.Process(pid).memory_info().rss / 2**30
+
+
 def rollout_metrics(rb: RolloutBatch) -> dict:
     lengths = [len(c) for c in rb.completion_ids]
     errors = [e for e in rb.reward_errors if e]
@@ -126,6 +133,7 @@ class Trainer:
         self.task = make_task(cfg.curriculum.task, cfg.curriculum.level,
                               cfg.curriculum.data_path or None, cfg.run.seed)
         self.tag = os.path.basename(os.path.normpath(run_dir))
+        resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
         connect_ray(cfg)
         self.pg = make_placement(cfg)
         self.learner = ray.remote(Learner).options(
@@ -135,6 +143,7 @@ class Trainer:
         ).remote(cfg)
 
         self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg, first_bundle=1, tag=self.tag)
+        self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
         ckpts = run_io.list_checkpoints(run_dir) if resume else []
         if ckpts:
@@ -151,8 +160,8 @@ class Trainer:
         self.pending = {j: b for j, b in state["pending"].items()}
         log.info("resumed from %s at step %d", ckpt, self.start)
 
-    def _fill(self, k: int, version: int) -> None:
-        """Launch rollouts k .. k+staleness that are not yet in flight (at `version`)."""
+    def _fill(self, k: int) -> None:
+        """Launch rollouts k .. k+staleness not yet in flight, at the workers' current version."""
         last = min(k + self.cfg.rollout.max_staleness, self.cfg.run.steps - 1)
         for j in range(k, last + 1):
             if j not in self.pending:
@@ -167,35 +176,45 @@ class Trainer:
         cfg, t_start = self.cfg, time.perf_counter()
         bar = tqdm(range(self.start, cfg.run.steps), desc="train", unit="step",
                    initial=self.start, total=cfg.run.steps, file=sys.stdout)
-        version = self.start
         for k in bar:
-            t0 = time.perf_counter()
-            self._fill(k, version)
-            rb = self._rollout(k)
-            t_roll = time.perf_counter() - t0
-            batch, adv_stats = to_train_batch(rb, cfg)
-            t1 = time.perf_counter()
-            metrics = ray.get(self.learner.train_step.remote(batch))
-            t_learn = time.perf_counter() - t1
-            version = metrics["weights/version"]
-            t2 = time.perf_counter()
-            self.pool.push(self.learner.export.remote(), version)
-            t_sync = time.perf_counter() - t2
-            row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics,
-                   "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
-                   "time/learner_s": t_learn, "time/sync_s": t_sync,
-                   "faults/worker_restarts": self.pool.restarts}
-            every = cfg.run.checkpoint_every
-            if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
-                self._fill(k + 1, version)
-                row["time/checkpoint_s"] = self.checkpoint(k + 1)
-            row["time/step_s"] = time.perf_counter() - t0
-            self.writer.log(row)
-            if k % cfg.run.sample_every == 0:
-                self.writer.samples(k, sample_rows(rb, step_prompts(self.task, cfg, k)))
+            row = self.step(k)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['reward/correct']:.2f}",
                             s_step=f"{row['time/step_s']:.1f}")
         return self.finish(time.perf_counter() - t_start)
+
+    def step(self, k: int) -> dict:
+        """Rollout k (launched earlier when staleness allows) -> GRPO update -> weight push."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        self._fill(k)
+        rb = self._rollout(k)
+        t_roll = time.perf_counter() - t0
+        if not rb.completion_ids:
+            reasons = sorted({s["reason"] for s in rb.skipped})
+            raise DatasetError(f"step {k}: every prompt was refused ({', '.join(reasons)}); "
+                               "check rollout.max_prompt_tokens and the data")
+        batch, adv_stats = to_train_batch(rb, cfg)
+        t1 = time.perf_counter()
+        metrics = ray.get(self.learner.train_step.remote(batch))
+        t_learn = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        payload = self.learner.export.remote()
+        ray.wait([payload])  # export into the object store; workers load it in their queue
+        self.pool.push(payload, metrics["weights/version"])
+        t_sync = time.perf_counter() - t2
+        row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics,
+               "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
+               "time/learner_s": t_learn, "time/sync_s": t_sync,
+               "faults/worker_restarts": self.pool.restarts,
+               "memory/rss_gb": rb.rss_gb + metrics.pop("memory/learner_rss_gb") + rss_gb()}
+        every = cfg.run.checkpoint_every
+        if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
+            self._fill(k + 1)
+            row["time/checkpoint_s"] = self.checkpoint(k + 1)
+        row["time/step_s"] = time.perf_counter() - t0
+        self.writer.log(row)
+        if k % cfg.run.sample_every == 0:
+            self.writer.samples(k, sample_rows(rb, step_prompts(self.task, cfg, k)))
+        return row
 
     def checkpoint(self, step: int) -> float:
         """Learner state + the rollouts already generated for later steps, atomically."""
@@ -258,7 +277,7 @@ def main(argv=None) -> int:
     cfg, run_dir, resume = resolve_run(argv)
     try:
         trainer = Trainer(cfg, run_dir, resume)
-    except ConfigError as e:
+    except (ConfigError, ModelNotFoundError, DatasetError) as e:
         print(f"launch.train: error: {e}", file=sys.stderr)
         return 2
     try:

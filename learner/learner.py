@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 
 from learner import losses
@@ -103,7 +104,7 @@ class Learner:
         mask = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
         entropy = _pad(batch.entropy, 0.0, T, torch.float32)                   # (N, T)
         old_logp = _pad(batch.old_logp, 0.0, T, torch.float32)                # (N, T)
-        adv = torch.as_tensor(batch.advantages, dtype=torch.float32)            # (N,)
+        adv = torch.tensor(batch.advantages, dtype=torch.float32)               # (N,)
         sel = losses.entropy_topk_mask(entropy, mask, g.entropy_rho)            # (N, T)
         # Normalisers over the whole step, so micro-batching leaves the loss unchanged.
         n_tok = sel.sum().clamp(min=1)
@@ -140,6 +141,7 @@ class Learner:
             "tokens/active_seqs": len(active),
             "time/learner_compute_s": time.perf_counter() - t0,
             "weights/version": self.version,
+            "memory/learner_rss_gb": psutil.Process().memory_info().rss / 2**30,
         }
 
     def _ref_logp(self, batch, idx, sel):

@@ -2,7 +2,8 @@
 
 Nothing here imports torch, ray or transformers; tokenizers are duck-typed.
 
-- `verify` scores one completion in-process (pure, never raises).
+- `verify_completion` (`rewards.verifiers.verify`) scores one completion in-process
+  (pure, never raises); `python -m rewards.verify` is the command-line scorer.
 - `VerifierPool` / `score_completions` score batches in a worker process with
   hard per-item time limits; use these in training.
 - `make_task` builds "arith" or "gsm8k" tasks; `format_prompt` builds prompts.
@@ -34,7 +35,9 @@ from rewards.verifiers import (
     RewardResult,
     format_score,
     is_equivalent,
-    verify,
+)
+from rewards.verifiers import (
+    verify as verify_completion,
 )
 
 __all__ = [
@@ -63,5 +66,5 @@ __all__ = [
     "make_task",
     "normalize_answer",
     "score_completions",
-    "verify",
+    "verify_completion",
 ]
