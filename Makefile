@@ -30,5 +30,11 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 
+bench: setup
+	$(BIN)/python -m launch.bench
+
+soak: setup
+	$(BIN)/python -m launch.soak --minutes 30 --kill-every 180
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -53,6 +53,20 @@ def test_tiny_run_end_to_end(ray_cluster, tmp_path, staleness):
     assert model.config.vocab_size == len(tok)
 
 
+def test_wandb_offline_logging(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.run.wandb_project = 2, "homerl-test"
+    trainer = Trainer(cfg, str(tmp_path))
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
 def test_two_workers_split_prompts(ray_cluster, tmp_path):
     cfg_rows = run_tiny(tmp_path, steps=2, num_workers=2, learner_threads=1,
                         threads_per_worker=1, prompts_per_step=3)

@@ -1,0 +1,449 @@
+"""TRL's GRPOTrainer vs homerl, back to back on one machine, same model and the same GRPO step.
+
+    python -m launch.bench                               # 1 warm-up + 4 timed steps per system
+    python -m launch.bench --steps 3 --warmup 1 --json bench.json
+    python -m launch.bench --order ours,trl              # run ours first
+    python -m launch.bench --rollout-only                # generation throughput only
+
+Both systems get the same model (embedded SmolLM2-135M-Instruct, fp32: no AMX here), the same
+prompts (level-1 arithmetic, step k gets problems 2k and 2k+1 of `make_task("arith", 1, None,
+seed)`, chat-formatted with `format_prompt`), 2 prompts x G=8 = 16 completions per step, 64 new
+tokens at most, sampling at temperature 1.0 (top-p 1, no top-k), beta = 0, LoRA r=16 alpha=32 on
+q,k,v,o,gate,up,down, AdamW at the same constant learning rate, grad-norm clip 1, one optimizer
+step per generation batch, the same reward (correct + 0.5 * format score) and the same loss: DAPO
+token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens (rho = 0.2; TRL's
+`top_entropy_quantile`). TRL runs in this process with all cores as torch threads, generating
+then training; it defaults to gradient checkpointing, which is switched off here because ours
+runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
+1 thread each, max_staleness=1 (the default), so the rollout of step k+1 overlaps the update of
+step k.
+
+Figures per system over the timed steps (after the warm-up): median s/step, completions/s
+(16 / median s/step), generated tokens/s (completion tokens up to and including EOS, summed over
+the timed steps / their total time), peak RSS. The ratio line (always printed last) is the ratio
+of the medians of completions/s, ours / TRL. TRL's peak RSS is this process's `ru_maxrss` (a
+lifetime high-water mark: with --order ours,trl it also covers our driver, which holds no model);
+ours is the largest `memory/rss_gb` over all steps (driver + learner + rollout worker RSS sampled
+each step; Ray's own daemons and the verifier subprocess are not counted; the driver is
+trimmed with malloc_trim after TRL so it does not carry TRL's freed heap). TRL's step time is the
+interval between consecutive `on_step_end` callbacks (it includes data loading and logging); ours
+is the wall time of `Trainer.step(k)`.
+
+`--rollout-only`: tokens/s of one HFRolloutWorker used in-process (generation + behaviour
+log-probs + entropies + verification) vs plain `model.generate` on the same 16 sequences, then
+total rollout tokens/s of 1 and 2 Ray workers (1 thread each) through `WorkerPool`.
+
+`--json OUT` writes every figure: per-step times and token counts (warm-up included), setup
+times (model load, actor start), the settings and the printed lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import importlib.metadata
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from launch.models import load_model, load_tokenizer, resolve_model
+from launch.presets import get_preset
+from rewards import format_prompt, make_task
+from rewards.verifiers import verify
+
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+@dataclass
+class Settings:
+    model: str = "smollm2-135m-instruct"
+    prompts: int = 2
+    group: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    lr: float = 3e-4
+    lora_r: int = 16
+    lora_alpha: int = 32
+    rho: float = 0.2
+    format_weight: float = 0.5
+    steps: int = 4
+    warmup: int = 1
+    seed: int = 0
+    trl_threads: int = 2
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.steps
+
+    @property
+    def completions(self) -> int:
+        return self.prompts * self.group
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import transformers
+
+    try:
+        trl_v = importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        trl_v = "not installed"
+    return (f"machine: {len(os.sched_getaffinity(0))} cores ({cpu}), {mem:.0f} GB RAM; "
+            f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_v}")
+
+
+def settings_line(s: Settings) -> str:
+    return (f"settings: {s.model} fp32, {s.prompts} prompts x G={s.group} = {s.completions} "
+            f"completions/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
+            f"beta 0, LoRA r={s.lora_r} alpha={s.lora_alpha}, lr {s.lr}, rho {s.rho}, "
+            f"{s.warmup} warm-up + {s.steps} timed steps; trl: 1 process, {s.trl_threads} torch "
+            f"threads; ours: 1 rollout worker + 1 learner x 1 thread on Ray, max_staleness=1 "
+            f"(rollout k+1 overlaps update k)")
+
+
+def bench_prompts(s: Settings, n_steps: int) -> list[dict]:
+    """Prompts of all steps in order: step k uses entries [k*B, (k+1)*B), like our driver."""
+    task = make_task("arith", 1, None, s.seed)
+    return [task.train_sample(i) for i in range(n_steps * s.prompts)]
+
+
+def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
+              peak_gb: float) -> dict:
+    times, toks = step_s[warmup:], tokens[warmup:]
+    med = statistics.median(times)
+    return {"s_per_step": med, "completions_per_s": completions / med,
+            "tokens_per_s": sum(toks) / sum(times), "peak_rss_gb": peak_gb,
+            "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def result_line(name: str, r: dict) -> str:
+    return (f"{name}: {_fmt(r['s_per_step'])} s/step, {_fmt(r['completions_per_s'])} "
+            f"completions/s, {_fmt(r['tokens_per_s'])} tokens/s, "
+            f"peak RSS {r['peak_rss_gb']:.1f} GB")
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc), before the next system."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+# ---- TRL --------------------------------------------------------------------------------------
+def make_reward(format_weight: float, record: list):
+    """Our reward for TRL: correct + format_weight * format score; records tokens per call."""
+    def homerl_reward(prompts, completions, completion_ids, answer, **kwargs):
+        record.append(sum(len(c) for c in completion_ids))
+        results = [verify(c, a) for c, a in zip(completions, answer)]
+        return [r.score + format_weight * r.format_score for r in results]
+    return homerl_reward
+
+
+def trl_config(s: Settings, out_dir: str):
+    import trl
+
+    return trl.GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=s.completions,  # counts completions
+        num_generations=s.group, gradient_accumulation_steps=1,
+        max_completion_length=s.max_new_tokens,
+        temperature=s.temperature, top_p=1.0, top_k=0, beta=0.0, learning_rate=s.lr,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, loss_type="dapo",
+        epsilon=0.2, epsilon_high=0.28, top_entropy_quantile=s.rho, scale_rewards="group",
+        gradient_checkpointing=False, use_cpu=True, bf16=False, report_to="none",
+        logging_steps=1, max_steps=s.total_steps, save_strategy="no", shuffle_dataset=False,
+        seed=s.seed, disable_tqdm=True)
+
+
+def run_trl(s: Settings) -> dict:
+    """TRL's GRPOTrainer in this process; per-step times from a TrainerCallback."""
+    import datasets
+    import peft
+    import trl
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.marks: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if not self.marks:
+                self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+            log(f"trl step {state.global_step}: {self.marks[-1] - self.marks[-2]:.2f} s")
+
+    torch.set_num_threads(s.trl_threads)
+    path = resolve_model(s.model)
+    tok = load_tokenizer(path)
+    rows = [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
+            for p in bench_prompts(s, s.total_steps)]
+    tokens: list[int] = []
+    timer = StepTimer()
+    lora = peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
+                           target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
+    reward = make_reward(s.format_weight, tokens)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
+        trainer = trl.GRPOTrainer(
+            model=load_model(path, torch.float32), reward_funcs=reward,
+            args=trl_config(s, out), train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tok, peft_config=lora, callbacks=[timer])
+        for cb in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(cb)
+        trainer.train()
+        del trainer
+    step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    out = summarize(step_s, tokens, s.warmup, s.completions, peak)
+    return {**out, "setup_s": timer.marks[0] - t0}
+
+
+# ---- ours -------------------------------------------------------------------------------------
+def ours_config(s: Settings, run_dir: str = ""):
+    cfg = get_preset("cpu-demo")
+    cfg.model.name, cfg.model.dtype = s.model, "fp32"
+    cfg.lora.mode, cfg.lora.r, cfg.lora.alpha = "lora", s.lora_r, s.lora_alpha
+    cfg.lora.target_modules = LORA_TARGETS
+    r = cfg.rollout
+    r.prompts_per_step, r.group_size, r.max_new_tokens = s.prompts, s.group, s.max_new_tokens
+    r.temperature, r.top_p, r.max_staleness = s.temperature, 1.0, 1
+    r.format_weight = s.format_weight
+    g = cfg.grpo
+    g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, s.completions
+    g.eps_low, g.eps_high, g.loss_agg, g.adv_scale = 0.2, 0.28, "token_mean", "std"
+    g.weight_decay, g.max_grad_norm = 0.0, 1.0
+    cfg.curriculum.task, cfg.curriculum.level = "arith", 1
+    cfg.run.steps, cfg.run.seed, cfg.run.run_dir = s.total_steps, s.seed, run_dir
+    cfg.run.checkpoint_every, cfg.run.sample_every = 0, 10**6
+    return cfg
+
+
+def start_ray(num_cpus: int) -> bool:
+    """A quiet local cluster unless one is up already; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def run_ours(s: Settings) -> dict:
+    """Our real driver (Trainer) on a local Ray cluster; each `step(k)` timed."""
+    import ray
+
+    from launch.train import Trainer
+
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-ours-") as run_dir:
+        cfg = ours_config(s, run_dir)
+        started = start_ray(cfg.rollout.learner_threads
+                            + cfg.rollout.num_workers * cfg.rollout.threads_per_worker)
+        t0 = time.perf_counter()
+        trainer = Trainer(cfg, run_dir)
+        setup_s = time.perf_counter() - t0
+        step_s, tokens, rss = [], [], []
+        try:
+            for k in range(s.total_steps):
+                t0 = time.perf_counter()
+                row = trainer.step(k)
+                step_s.append(time.perf_counter() - t0)
+                tokens.append(int(row["rollout/tokens"]))
+                rss.append(float(row["memory/rss_gb"]))
+                log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
+        finally:
+            trainer.shutdown()
+            if started:
+                ray.shutdown()
+    out = summarize(step_s, tokens, s.warmup, s.completions, max(rss))
+    return {**out, "setup_s": setup_s}
+
+
+def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
+    """Run the systems in `order` in this process; return the printed lines and all figures."""
+    runners = {"trl": run_trl, "ours": run_ours}
+    results = {}
+    for name in order:
+        log(f"running {name} ...")
+        results[name] = runners[name](s)
+        release_memory()
+    ratio = results["ours"]["completions_per_s"] / results["trl"]["completions_per_s"]
+    lines = [machine_line(), settings_line(s)]
+    lines += [result_line(n, results[n]) for n in ("trl", "ours")]
+    lines.append(f"ratio ours/TRL: {ratio:.2f}")
+    return lines, {"settings": asdict(s), "order": order, "machine": lines[0],
+                   "results": results, "ratio_ours_over_trl": ratio,
+                   "ratio_definition": "median completions/s ours / median completions/s TRL"}
+
+
+# ---- rollout only -----------------------------------------------------------------------------
+def _timed(fn, reps: int) -> list[tuple[int, float]]:
+    """(tokens, seconds) of `reps` calls fn(i) after one warm-up call."""
+    fn(-1)
+    out = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        n = fn(i)
+        out.append((n, time.perf_counter() - t0))
+    return out
+
+
+def _rate(samples: list[tuple[int, float]]) -> float:
+    return statistics.median(n / t for n, t in samples)
+
+
+def plain_generate(model, tok, prompts: list[dict], s: Settings, seed: int) -> int:
+    """Plain `model.generate` on the same 16 rows; tokens up to and including the first EOS."""
+    texts = [format_prompt(tok, p["question"]) for p in prompts for _ in range(s.group)]
+    enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=s.temperature, top_p=1.0,
+                             top_k=0, max_new_tokens=s.max_new_tokens,
+                             pad_token_id=tok.pad_token_id)
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    total = 0
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        end = next((j + 1 for j, t in enumerate(row) if t in eos_ids), len(row))
+        total += end
+    return total
+
+
+def rollout_inprocess(s: Settings, reps: int, threads: int) -> list[tuple[str, float]]:
+    from actors.hf_worker import HFRolloutWorker
+
+    cfg = ours_config(s)
+    cfg.rollout.threads_per_worker = threads
+    worker = HFRolloutWorker(cfg)
+    prompts = bench_prompts(s, 1)
+    try:
+        ours = _timed(lambda i: worker.generate(prompts, s.group, {"seed": 1000 + i}).num_tokens,
+                      reps)
+        plain = _timed(lambda i: plain_generate(worker.model, worker.tokenizer, prompts, s,
+                                                2000 + i), reps)
+    finally:
+        worker.verifier.close()
+    tag = f"in-process, {threads} thread{'s' if threads > 1 else ''}"
+    return [(f"HFRolloutWorker.generate ({tag}, logits + entropies + verify)", _rate(ours)),
+            (f"plain HF model.generate ({tag})", _rate(plain))]
+
+
+def rollout_ray(s: Settings, n_workers: int, reps: int) -> float:
+    from actors.hf_worker import HFRolloutWorker
+    from launch.pool import WorkerPool
+
+    cfg = ours_config(s)
+    cfg.rollout.num_workers, cfg.rollout.threads_per_worker = n_workers, 1
+    pool = WorkerPool(cfg, HFRolloutWorker)
+    prompts = bench_prompts(s, 1)
+    try:
+        samples = _timed(lambda i: pool.collect(pool.submit(0, prompts, seed=3000 + i)).num_tokens,
+                         reps)
+    finally:
+        pool.shutdown()
+    return sum(n for n, _ in samples) / sum(t for _, t in samples)
+
+
+def rollout_only(s: Settings, reps: int, threads: int, workers: list[int]) -> tuple[list, dict]:
+    import ray
+
+    torch.set_num_threads(threads)
+    rows = rollout_inprocess(s, reps, threads)
+    release_memory()
+    started = start_ray(max(workers))
+    try:
+        ray_rates = {n: rollout_ray(s, n, reps) for n in workers}
+    finally:
+        if started:
+            ray.shutdown()
+    lines = [machine_line(), f"rollout: {s.model} fp32, {s.completions} sequences "
+             f"({s.prompts} prompts x G={s.group}), max {s.max_new_tokens} new tokens, "
+             f"temperature {s.temperature}, 1 warm-up + {reps} timed calls each"]
+    lines += [f"{name}: {_fmt(rate)} tokens/s" for name, rate in rows]
+    base = ray_rates[workers[0]]
+    for n, rate in ray_rates.items():
+        lines.append(f"Ray WorkerPool {n} worker{'s' if n > 1 else ''} x 1 thread: "
+                     f"{_fmt(rate)} tokens/s total ({rate / base:.2f}x {workers[0]} worker)")
+    return lines, {"settings": asdict(s), "in_process_tokens_per_s": dict(rows),
+                   "ray_tokens_per_s": ray_rates, "machine": lines[0]}
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    d = Settings()
+    p = argparse.ArgumentParser(prog="launch.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=d.model, help="embedded name, local path or hub id")
+    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step B")
+    p.add_argument("--group", type=int, default=d.group, help="completions per prompt G")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (constant, both)")
+    p.add_argument("--lora-r", type=int, default=d.lora_r)
+    p.add_argument("--lora-alpha", type=int, default=d.lora_alpha)
+    p.add_argument("--rho", type=float, default=d.rho,
+                   help="top-entropy token fraction in the loss (ours entropy_rho, TRL "
+                        "top_entropy_quantile)")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="warm-up steps (not timed)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--trl-threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads for TRL (default: every core)")
+    p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"])
+    p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
+    p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
+    p.add_argument("--reps", type=int, default=3, help="--rollout-only: timed calls each")
+    p.add_argument("--threads", type=int, default=1, help="--rollout-only: in-process threads")
+    p.add_argument("--workers", default="1,2", help="--rollout-only: Ray worker counts")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    s = Settings(model=args.model, prompts=args.prompts, group=args.group,
+                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr,
+                 lora_r=args.lora_r, lora_alpha=args.lora_alpha, rho=args.rho, steps=args.steps,
+                 warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads)
+    if args.rollout_only:
+        workers = [int(w) for w in args.workers.split(",")]
+        lines, data = rollout_only(s, args.reps, args.threads, workers)
+    else:
+        lines, data = compare(s, args.order.split(","))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**data, "lines": lines}, f, indent=2)
+    sys.stderr.flush()
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""launch.bench end to end on the tiny model: TRL's GRPOTrainer, then ours on a local Ray cluster.
+
+1 warm-up + 1 timed step, 8 new tokens; checks the printed format (the ratio line last) and the
+--json figures, and the --rollout-only lines.
+"""
+
+import json
+import re
+
+import pytest
+import ray
+
+from launch import bench
+
+pytest.importorskip("trl")
+
+SYSTEM = re.compile(r"(trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
+                    r"peak RSS (\S+) GB")
+TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("machine: ") and "trl " in lines[0]
+    assert lines[1].startswith("settings: ") and "max_staleness=1" in lines[1]
+    matches = [SYSTEM.fullmatch(line) for line in lines[-3:-1]]
+    assert all(matches), lines
+    assert [m.group(1) for m in matches] == ["trl", "ours"]
+    for m in matches:
+        assert all(float(v) > 0 for v in m.groups()[1:]), m.group(0)
+    last = re.fullmatch(r"ratio ours/TRL: (\S+)", lines[-1])
+    assert last, lines[-1]
+    ratio = float(last.group(1))
+    assert ratio > 0
+    data = json.loads(out.read_text())
+    assert data["ratio_ours_over_trl"] == pytest.approx(ratio, abs=0.01)
+    for name in ("trl", "ours"):
+        r = data["results"][name]
+        assert len(r["step_s"]) == 2 and len(r["tokens"]) == 2  # warm-up + timed
+        assert all(0 < t <= 16 * 8 for t in r["tokens"])
+
+
+@pytest.mark.slow
+def test_rollout_only_lines(ray_cluster, capsys):
+    assert bench.main(TINY + ["--rollout-only", "--reps", "1", "--workers", "1,2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("machine: ") and lines[1].startswith("rollout: ")
+    rates = [re.match(r"(.+): (\S+) tokens/s", line) for line in lines[2:]]
+    assert len(rates) == 4 and all(rates), lines
+    assert all(float(m.group(2)) > 0 for m in rates)
+    assert "HFRolloutWorker" in lines[2] and "plain HF" in lines[3]
+    assert "1 worker x" in lines[4] and "2 workers x" in lines[5]
