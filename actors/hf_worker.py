@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import psutil
+import ray
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +44,10 @@ class HFRolloutWorker:
         self.verifier = VerifierPool()
 
     def ping(self) -> dict:
-        return {"name": self.name, "version": self.version, "pid": os.getpid()}
+        """Liveness plus where it runs (`node_id`: which cluster node holds this actor)."""
+        return {"name": self.name, "version": self.version, "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized()
+                else None}  # None: used as a plain class, outside Ray
 
     def set_weights(self, payload: dict, version: int, rollback: bool = False) -> int:
         """Load the learner's export for `version` (Ray resolves the ObjectRef to the payload).
@@ -134,7 +138,8 @@ class HFRolloutWorker:
             logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
             correct=correct, format_score=fmt,
             rewards=correct + self.cfg.rollout.format_weight * fmt,
-            reward_errors=[r.error for r in results], version=self.version,
+            reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
+            version=self.version,
             num_prompts=len(prompts), gen_time_s=time.perf_counter() - t0, worker=self.name,
             rss_gb=psutil.Process().memory_info().rss / 2**30,
             skipped=skipped)

@@ -43,6 +43,8 @@ class RolloutBatch:
     """wall time of generation + verification on the worker"""
     worker: str = ""
     """name of the worker that produced it"""
+    answers: list[str | None] = field(default_factory=list)
+    """(N,) the verifier's normalised final answer of each completion (None: none found)"""
     rss_gb: float = 0.0
     """resident memory of the worker(s) that produced it, GB (summed by concat)"""
     skipped: list[dict] = field(default_factory=list)
@@ -57,7 +59,7 @@ class RolloutBatch:
         """Join worker batches in order; prompt indices are offset to stay unique."""
         out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "entropy",
                                "finish_reasons", "texts", "prompt_index", "reward_errors",
-                               "skipped")}
+                               "answers", "skipped")}
         arrays = {"correct": [], "format_score": [], "rewards": []}
         offset = 0
         for b in batches:

@@ -35,7 +35,9 @@ class WeightApplier:
         if payload["kind"] == "lora":
             return self._apply_lora(payload["tensors"], float(payload["scale"]))
         if payload["kind"] == "full":
-            return self._apply_full(payload["tensors"])
+            aliases = payload.get("aliases", {})
+            return self._apply_full({**payload["tensors"],
+                                     **{k: payload["tensors"][v] for k, v in aliases.items()}})
         raise ValueError(f"weights payload kind must be lora or full; got {payload['kind']!r}")
 
     @torch.no_grad()

@@ -110,6 +110,8 @@ class RolloutConfig:
     """hard time limit per verified completion (seconds)"""
     format_weight: float = 0.5
     """reward = correct + format_weight * format_score"""
+    placement: str = "auto"
+    """actor placement: auto (pack on one node when it fits, else spread), pack or spread"""
 
     def __post_init__(self):
         _choice("rollout.engine", self.engine, ("hf", "vllm"))
@@ -126,6 +128,7 @@ class RolloutConfig:
         _range("rollout.call_timeout_s", self.call_timeout_s, 0.0, lo_open=True)
         _range("rollout.reward_timeout_s", self.reward_timeout_s, 0.0, lo_open=True)
         _range("rollout.format_weight", self.format_weight, 0.0, 10.0)
+        _choice("rollout.placement", self.placement, ("auto", "pack", "spread"))
 
 
 @dataclass
@@ -187,10 +190,20 @@ class CurriculumConfig:
     """arithmetic difficulty: 1 single-digit +/-, 2 multi-digit +,-,*, 3 two-step word problems"""
     data_path: str = ""
     """local GSM8K-style JSONL for task gsm8k (empty: the hub, where reachable)"""
+    stages: str = ""
+    """stage list task:level[:steps][@promote], comma-separated (empty: one stage of task/level)"""
+    sent: bool = False
+    """order each stage's training prompts easy -> hard by semantic entropy (SENT)"""
+    sent_samples: int = 8
+    """SENT: completions M sampled per prompt (temperature 1) to estimate its answer entropy"""
+    sent_pool: int = 64
+    """SENT: training prompts per stage that are scored and ordered (then cycled)"""
 
     def __post_init__(self):
         _choice("curriculum.task", self.task, ("arith", "gsm8k"))
         _choice("curriculum.level", self.level, (1, 2, 3))
+        _int("curriculum.sent_samples", self.sent_samples, 2, 256)
+        _int("curriculum.sent_pool", self.sent_pool, 1, 100_000)
 
 
 @dataclass

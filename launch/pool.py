@@ -33,6 +33,8 @@ class Share:
     ref: ray.ObjectRef | None = None
     actor: object = None
     """the actor handle the share was last launched on"""
+    group_size: int = 0
+    sampling: dict | None = None
 
 
 @dataclass
@@ -41,6 +43,18 @@ class Pending:
 
     step: int
     shares: list[Share]
+
+
+@dataclass
+class Slot:
+    """One step's rollout: its curriculum stage, prompts, and the work (in flight or done).
+
+    Lives here, not in launch/train.py, so checkpoints pickle it under an importable name.
+    """
+
+    stage: int
+    prompts: list[dict]
+    work: Pending | RolloutBatch
 
 
 class WorkerPool:
@@ -86,24 +100,29 @@ class WorkerPool:
         self.version = version
 
     # ---- rollouts ------------------------------------------------------------------------
-    def submit(self, step: int, prompts: list[dict], seed: int) -> Pending:
-        """Fan one step's prompts out over the workers at their current version."""
+    def submit(self, step: int, prompts: list[dict], seed: int, group_size: int | None = None,
+               sampling: dict | None = None) -> Pending:
+        """Fan one step's prompts out over the workers at their current version.
+
+        `group_size` and `sampling` override the config's G and sampling (e.g. for SENT).
+        """
         n = len(self.workers)
         bounds = [round(j * len(prompts) / n) for j in range(n + 1)]
         shares = []
         for i in range(n):
             part = prompts[bounds[i]: bounds[i + 1]]
             if part:
-                share = Share(i, part, seed * 1000 + i, self.versions[i])
+                share = Share(i, part, seed * 1000 + i, self.versions[i],
+                              group_size=group_size or self.cfg.rollout.group_size,
+                              sampling=dict(sampling or {}))
                 self._launch(share)
                 shares.append(share)
         return Pending(step, shares)
 
     def _launch(self, share: Share) -> None:
-        sampling = {"seed": share.seed}
+        sampling = {**(share.sampling or {}), "seed": share.seed}
         share.actor = self.workers[share.worker]
-        share.ref = share.actor.generate.remote(share.prompts, self.cfg.rollout.group_size,
-                                                sampling)
+        share.ref = share.actor.generate.remote(share.prompts, share.group_size, sampling)
 
     def collect(self, pending: Pending) -> RolloutBatch:
         """Wait for every share; a dead or hung worker is replaced and its share re-run."""

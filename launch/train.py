@@ -20,6 +20,7 @@ so with staleness 1 the rollout of step k+1 runs while the learner trains on ste
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -30,8 +31,6 @@ import numpy as np
 import psutil
 import ray
 import torch
-from ray.util.placement_group import placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
 from actors.hf_worker import HFRolloutWorker
@@ -39,11 +38,15 @@ from actors.types import RolloutBatch
 from launch import run_io
 from launch.cli import parse_config
 from launch.config import Config, ConfigError
+from launch.curriculum import Curriculum
+from launch.dashboard_metrics import DashboardMetrics
 from launch.models import ModelNotFoundError, resolve_model
-from launch.pool import WorkerPool, kill_and_wait
+from launch.placement import make_placement
+from launch.pool import Slot, WorkerPool, kill_and_wait
+from launch.sent import stage_order
 from learner.learner import Learner, TrainBatch
 from learner.losses import group_advantages, zero_std_fraction
-from rewards import DatasetError, make_task
+from rewards import DatasetError
 
 log = logging.getLogger("homerl.train")
 
@@ -57,27 +60,6 @@ def connect_ray(cfg: Config) -> None:
         return
     need = cfg.rollout.learner_threads + cfg.rollout.num_workers * cfg.rollout.threads_per_worker
     ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
-
-
-def make_placement(cfg: Config, timeout_s: float = 60.0):
-    """One bundle for the learner, one per rollout worker; refuse fast when it cannot fit."""
-    r = cfg.rollout
-    bundles = [{"CPU": r.learner_threads}] + [{"CPU": r.threads_per_worker}] * r.num_workers
-    pg = placement_group(bundles, strategy="PACK")
-    if not pg.wait(timeout_seconds=timeout_s):
-        have = ray.cluster_resources().get("CPU", 0)
-        need = sum(b["CPU"] for b in bundles)
-        ray.util.remove_placement_group(pg)
-        raise ConfigError(f"cluster cannot host the layout: needs {need} CPUs "
-                          f"(learner {r.learner_threads} + {r.num_workers} workers x "
-                          f"{r.threads_per_worker}), cluster has {have:g}")
-    return pg
-
-
-def step_prompts(task, cfg: Config, step: int) -> list[dict]:
-    """The data cursor is the step: prompts of step k are a pure function of (seed, k)."""
-    b = cfg.rollout.prompts_per_step
-    return [task.train_sample(step * b + i) for i in range(b)]
 
 
 def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
@@ -130,21 +112,26 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, resume: bool = False):
         self.cfg, self.run_dir = cfg, run_dir
-        self.task = make_task(cfg.curriculum.task, cfg.curriculum.level,
-                              cfg.curriculum.data_path or None, cfg.run.seed)
+        self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
+        self.trained_stage = 0
+        self.stage_batches: collections.deque = collections.deque(maxlen=cfg.ewc.fisher_batches)
         self.tag = os.path.basename(os.path.normpath(run_dir))
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
         connect_ray(cfg)
-        self.pg = make_placement(cfg)
+        self.layout = make_placement(cfg)
+        self.pg = self.layout.pg
+        self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         self.learner = ray.remote(Learner).options(
-            num_cpus=cfg.rollout.learner_threads, name=f"learner:{self.tag}",
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=0),
+            num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
+            name=f"learner:{self.tag}", scheduling_strategy=self.layout.learner_strategy(),
         ).remote(cfg)
 
-        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg, first_bundle=1, tag=self.tag)
+        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg,
+                               first_bundle=self.layout.worker_bundles[0], tag=self.tag)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
+        if cfg.curriculum.sent:
+            self._sent_orders()
         ckpts = run_io.list_checkpoints(run_dir) if resume else []
         if ckpts:
             self._restore(ckpts[-1])
@@ -157,20 +144,43 @@ class Trainer:
             self.pool.push(self.learner.export.remote(), version)
         self.start = state["step"]
         self.pool.restarts = state["restarts"]
-        self.pending = {j: b for j, b in state["pending"].items()}
+        self.pending = dict(state["pending"])
+        self.curriculum.load_state_dict(state["curriculum"])
+        self.trained_stage = state["trained_stage"]
+        self.stage_batches.extend(state["stage_batches"])
         log.info("resumed from %s at step %d", ckpt, self.start)
+
+    def _sent_orders(self) -> None:
+        """SENT: score each stage's prompt pool on the workers (cached), train easy -> hard."""
+        for i, (stage, task) in enumerate(zip(self.curriculum.stages, self.curriculum.tasks)):
+            order, cached = stage_order(self.pool, task, self.cfg, stage)
+            self.curriculum.orders[i] = order
+            log.info("SENT order for stage %d (%s-%d)%s", i, stage.task, stage.level,
+                     " from cache" if cached else "")
 
     def _fill(self, k: int) -> None:
         """Launch rollouts k .. k+staleness not yet in flight, at the workers' current version."""
         last = min(k + self.cfg.rollout.max_staleness, self.cfg.run.steps - 1)
         for j in range(k, last + 1):
             if j not in self.pending:
-                prompts = step_prompts(self.task, self.cfg, j)
-                self.pending[j] = self.pool.submit(j, prompts, seed=self.cfg.run.seed * 100_003 + j)
+                stage, prompts = self.curriculum.prompts(j)
+                work = self.pool.submit(j, prompts, seed=self.cfg.run.seed * 100_003 + j)
+                self.pending[j] = Slot(stage, prompts, work)
 
-    def _rollout(self, k: int) -> RolloutBatch:
-        p = self.pending.pop(k)
-        return p if isinstance(p, RolloutBatch) else self.pool.collect(p)
+    def _rollout(self, k: int) -> Slot:
+        slot = self.pending.pop(k)
+        if not isinstance(slot.work, RolloutBatch):
+            slot.work = self.pool.collect(slot.work)
+        return slot
+
+    def _enter_stage(self, stage: int) -> dict:
+        """Stage boundary: consolidate (Fisher + anchor) on the last stage's batches for EWC."""
+        out = {}
+        if self.cfg.ewc.lam > 0 and self.stage_batches:
+            out = ray.get(self.learner.consolidate.remote(list(self.stage_batches)))
+        self.trained_stage = stage
+        self.stage_batches.clear()
+        return out
 
     def run(self) -> dict:
         cfg, t_start = self.cfg, time.perf_counter()
@@ -186,8 +196,10 @@ class Trainer:
         """Rollout k (launched earlier when staleness allows) -> GRPO update -> weight push."""
         cfg, t0 = self.cfg, time.perf_counter()
         self._fill(k)
-        rb = self._rollout(k)
+        slot = self._rollout(k)
+        rb = slot.work
         t_roll = time.perf_counter() - t0
+        stage_stats = self._enter_stage(slot.stage) if slot.stage != self.trained_stage else {}
         if not rb.completion_ids:
             reasons = sorted({s["reason"] for s in rb.skipped})
             raise DatasetError(f"step {k}: every prompt was refused ({', '.join(reasons)}); "
@@ -196,12 +208,15 @@ class Trainer:
         t1 = time.perf_counter()
         metrics = ray.get(self.learner.train_step.remote(batch))
         t_learn = time.perf_counter() - t1
+        self.curriculum.observe(float(np.mean(rb.correct)))
+        self.stage_batches.append(batch)
         t2 = time.perf_counter()
         payload = self.learner.export.remote()
         ray.wait([payload])  # export into the object store; workers load it in their queue
         self.pool.push(payload, metrics["weights/version"])
         t_sync = time.perf_counter() - t2
-        row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics,
+        row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics, **stage_stats,
+               "curriculum/stage": slot.stage,
                "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
                "time/learner_s": t_learn, "time/sync_s": t_sync,
                "faults/worker_restarts": self.pool.restarts,
@@ -212,8 +227,9 @@ class Trainer:
             row["time/checkpoint_s"] = self.checkpoint(k + 1)
         row["time/step_s"] = time.perf_counter() - t0
         self.writer.log(row)
+        self.dash.record(row)
         if k % cfg.run.sample_every == 0:
-            self.writer.samples(k, sample_rows(rb, step_prompts(self.task, cfg, k)))
+            self.writer.samples(k, sample_rows(rb, slot.prompts))
         return row
 
     def checkpoint(self, step: int) -> float:
@@ -223,9 +239,10 @@ class Trainer:
         ray.get(self.learner.save.remote(tmp))
         pending = {j: self._rollout(j) for j in sorted(self.pending)}
         self.pending = dict(pending)
-        run_io.commit_checkpoint(self.run_dir, tmp, step,
-                                 {"step": step, "pending": pending, "restarts": self.pool.restarts},
-                                 self.cfg.run.keep_checkpoints)
+        state = {"step": step, "pending": pending, "restarts": self.pool.restarts,
+                 "curriculum": self.curriculum.state_dict(), "trained_stage": self.trained_stage,
+                 "stage_batches": list(self.stage_batches)}
+        run_io.commit_checkpoint(self.run_dir, tmp, step, state, self.cfg.run.keep_checkpoints)
         return time.perf_counter() - t0
 
     def finish(self, wall_s: float) -> dict:

@@ -5,7 +5,8 @@ and every worker on a node maps the same buffers (numpy arrays deserialize zero-
 
     {"kind": "lora", "version": v, "scale": alpha / r,
      "tensors": {"model.layers.0.self_attn.q_proj.lora_A": (r, in), "...lora_B": (out, r), ...}}
-    {"kind": "full", "version": v, "tensors": {state-dict name: array}}
+    {"kind": "full", "version": v, "tensors": {state-dict name: array},
+     "aliases": {tied name: name it shares storage with}}
 
 LoRA module names are those of the plain Hugging Face model, so a worker merges
 W = W0 + scale * B @ A without peft.
@@ -44,8 +45,14 @@ def export_weights(model, lora_cfg, version: int) -> dict:
     if lora_cfg.mode in ("lora", "qlora"):
         return {"kind": "lora", "version": version, "scale": lora_cfg.alpha / lora_cfg.r,
                 "tensors": lora_tensors(model)}
-    state = {k: v.detach().float().cpu().numpy().copy() for k, v in model.state_dict().items()}
-    return {"kind": "full", "version": version, "tensors": state}
+    state, aliases, seen = {}, {}, {}
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen:  # tied weights (embeddings / LM head): ship once
+            aliases[k] = seen[v.data_ptr()]
+            continue
+        seen[v.data_ptr()] = k
+        state[k] = v.detach().float().cpu().numpy().copy()
+    return {"kind": "full", "version": version, "tensors": state, "aliases": aliases}
 
 
 def payload_nbytes(payload: dict) -> int:

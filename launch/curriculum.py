@@ -1,0 +1,118 @@
+"""Curriculum: stages of tasks the driver walks through, with optional early promotion.
+
+A stage spec is `task:level[:steps][@promote]`, comma-separated, e.g.
+
+    --curriculum.stages "arith:1:20,arith:2:20,arith:3:20"      # fixed 20 steps each
+    --curriculum.stages "arith:1:40@0.8,arith:2:40"             # leave stage 1 early once the
+                                                                # rolling correct rate >= 0.8
+    --curriculum.stages "gsm8k:0:100"                           # level is ignored for gsm8k
+
+With no stages the run has one stage made of `curriculum.task/level/data_path`. The stage of
+step j is decided when its rollout is launched, from the rewards observed so far, so it is the
+same in a resumed run. At a stage boundary the driver asks the learner to consolidate (EWC).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from launch.config import ConfigError
+from rewards import make_task
+
+PROMOTION_WINDOW = 5
+"""steps in the rolling mean of `reward/correct` that a promotion rule looks at"""
+
+
+@dataclass(frozen=True)
+class Stage:
+    task: str
+    level: int
+    steps: int
+    promote_at: float | None = None
+
+
+def parse_stages(spec: str, cfg) -> list[Stage]:
+    """Parse `curriculum.stages`; empty spec -> one stage of cfg.curriculum for all steps."""
+    cur, total = cfg.curriculum, cfg.run.steps
+    if not spec.strip():
+        return [Stage(cur.task, cur.level, total)]
+    stages = []
+    for part in spec.split(","):
+        head, _, promote = part.strip().partition("@")
+        fields = head.split(":")
+        try:
+            task, level = fields[0], int(fields[1]) if len(fields) > 1 else 1
+            steps = int(fields[2]) if len(fields) > 2 else 0
+            promote_at = float(promote) if promote else None
+        except ValueError:
+            raise ConfigError(f"curriculum.stages: bad stage {part!r}; "
+                              "expected task:level[:steps][@promote]") from None
+        if task not in ("arith", "gsm8k") or (task == "arith" and level not in (1, 2, 3)):
+            raise ConfigError(f"curriculum.stages: stage {part!r}: task must be arith (level "
+                              "1-3) or gsm8k")
+        stages.append(Stage(task, level, steps, promote_at))
+    budgeted = sum(s.steps for s in stages)
+    if budgeted > total:
+        raise ConfigError(f"curriculum.stages: stages need {budgeted} steps, run.steps is {total}")
+    if stages[-1].steps == 0 or budgeted < total:  # the last stage takes the remaining steps
+        last = stages[-1]
+        stages[-1] = Stage(last.task, last.level, last.steps + total - budgeted, last.promote_at)
+    return stages
+
+
+class Curriculum:
+    """Decides the stage and prompts of each step; its state is checkpointed by the driver."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.stages = parse_stages(cfg.curriculum.stages, cfg)
+        data = cfg.curriculum.data_path or None
+        self.tasks = [make_task(s.task, s.level, data, cfg.run.seed) for s in self.stages]
+        self.orders: list[list[int] | None] = [None] * len(self.stages)  # SENT order per stage
+        self.stage, self.stage_start = 0, 0
+        self.recent = collections.deque(maxlen=PROMOTION_WINDOW)
+
+    def observe(self, correct_rate: float) -> None:
+        """Record a trained step's correct rate (for promotion rules)."""
+        self.recent.append(correct_rate)
+
+    def _should_advance(self, step: int) -> bool:
+        if self.stage + 1 >= len(self.stages):
+            return False
+        s = self.stages[self.stage]
+        if step - self.stage_start >= s.steps:
+            return True
+        full = len(self.recent) == PROMOTION_WINDOW
+        return (s.promote_at is not None and full
+                and sum(self.recent) / PROMOTION_WINDOW >= s.promote_at)
+
+    def prompts(self, step: int) -> tuple[int, list[dict]]:
+        """(stage index, prompts) for step `step`; call in increasing step order."""
+        if self._should_advance(step):
+            self.stage, self.stage_start = self.stage + 1, step
+            self.recent.clear()
+        b = self.cfg.rollout.prompts_per_step
+        base = (step - self.stage_start) * b
+        order = self.orders[self.stage]
+        idx = [base + i for i in range(b)]
+        if order is not None:  # SENT: walk the sorted pool, easy to hard, cycling
+            idx = [order[i % len(order)] for i in idx]
+        return self.stage, [self.tasks[self.stage].train_sample(i) for i in idx]
+
+    def heldout_sets(self, n: int) -> dict[str, list[dict]]:
+        """One held-out set per distinct stage task, named like `arith-1`."""
+        out = {}
+        for s, task in zip(self.stages, self.tasks):
+            out.setdefault(f"{s.task}-{s.level}" if s.task == "arith" else s.task,
+                           task.heldout(n))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"stage": self.stage, "stage_start": self.stage_start,
+                "recent": list(self.recent), "orders": self.orders}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stage, self.stage_start = state["stage"], state["stage_start"]
+        self.recent = collections.deque(state["recent"], maxlen=PROMOTION_WINDOW)
+        self.orders = state["orders"]
