@@ -95,7 +95,11 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="launch.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model name, local path, or a run's final/")
+    p.add_argument("--model", required=True, action="append",
+                   help="model name, local path, or a run's final/ (repeat for a table)")
+    p.add_argument("--sets", default=None,
+                   help="comma-separated held-out sets, e.g. arith-1,arith-2,arith-3,gsm8k "
+                        "(overrides --task/--level; prints a models x sets table)")
     p.add_argument("--task", default="arith", choices=["arith", "gsm8k"], help="held-out task")
     p.add_argument("--level", type=int, default=1, choices=[1, 2, 3], help="arithmetic level")
     p.add_argument("--data", default=None, help="GSM8K-style JSONL for --task gsm8k")
@@ -109,6 +113,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def heldout_sets(spec: str, n: int, data: str | None) -> dict[str, list[dict]]:
+    """Parse `arith-1,arith-2,gsm8k` into named held-out sets of up to n problems each."""
+    sets = {}
+    for name in [s.strip() for s in spec.split(",") if s.strip()]:
+        task, _, level = name.partition("-")
+        if task not in ("arith", "gsm8k") or (task == "arith" and level not in ("1", "2", "3")):
+            raise ValueError(f"--sets: {name!r} must be arith-1, arith-2, arith-3 or gsm8k")
+        sets[name] = make_task(task, int(level or 1), data).heldout(n)
+    return sets
+
+
+def table(results: list[dict], sets: list[str], key: str = "accuracy") -> str:
+    """Rows: models; columns: held-out sets; cells: `key` in percent."""
+    width = max(12, *(len(r["model"]) for r in results))
+    lines = [f"{key:<{width}}" + "".join(f"{s:>10}" for s in sets)]
+    for r in results:
+        lines.append(f"{r['model']:<{width}}" + "".join(
+            f"{r['sets'][s][key]:>10.1%}" for s in sets))
+    return "\n".join(lines)
+
+
+def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new_tokens: int,
+                  batch_size: int) -> list[dict]:
+    """Every model on every set: [{"model", "sets": {set: result}}]."""
+    out = []
+    for name in models:
+        model, tok = load_for_eval(name, dtype)
+        out.append({"model": name, "sets": {
+            s: evaluate(model, tok, samples, max_new_tokens, batch_size, desc=f"{s}")
+            for s, samples in sets.items()}})
+    return out
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.n < 1:
@@ -117,14 +154,20 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_supports_bf16())
+    spec = args.sets or (f"arith-{args.level}" if args.task == "arith" else "gsm8k")
     try:
-        samples = make_task(args.task, args.level, args.data).heldout(args.n)
-        model, tok = load_for_eval(args.model, torch.bfloat16 if bf16 else torch.float32)
+        sets = heldout_sets(spec, args.n, args.data)
+        results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
+                                args.max_new_tokens, args.batch_size)
     except (ModelNotFoundError, DatasetError, ValueError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2
-    result = {"model": args.model, "task": args.task, "level": args.level,
-              **evaluate(model, tok, samples, args.max_new_tokens, args.batch_size)}
+    if len(results) == 1 and len(sets) == 1:
+        (name, res), = results[0]["sets"].items()
+        result = {"model": results[0]["model"], "set": name, **res}
+    else:
+        result = results
+        print(table(results, list(sets)))
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, "w") as f:
