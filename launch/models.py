@@ -32,6 +32,13 @@ from pathlib import Path
 
 import torch
 
+from launch.tiny_model import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    finish_generation_config,
+    save_tiny_model,
+)
+
 try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
     import fcntl
 except ImportError:  # pragma: no cover - non-POSIX
@@ -56,10 +63,6 @@ _CACHE_FORMAT = 1
 _MARKER = ".homerl-complete"
 
 TINY_MODEL_NAME = "tiny-random-llama"
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
-)
 # Fallback only: SmolLM2-Instruct's GGUF normally carries its own ChatML template.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -329,7 +332,7 @@ def _convert_gguf(name: str, gguf: Path, out: Path) -> None:
         )
         _make_plain(model, model_info)
         _finish_tokenizer(tokenizer, model_info.eos_token, CHATML_TEMPLATE)
-        _finish_generation_config(model, tokenizer)
+        finish_generation_config(model, tokenizer)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
 
@@ -352,81 +355,6 @@ def _finish_tokenizer(tokenizer, eos_token: str, fallback_template: str) -> None
         tokenizer.eos_token = eos_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-
-
-def _finish_generation_config(model, tokenizer) -> None:
-    """Make generate() stop on the tokenizer's eos and pad with its pad token by default."""
-    gen = model.generation_config
-    eos_id = tokenizer.eos_token_id
-    current = gen.eos_token_id
-    current = [] if current is None else current if isinstance(current, list) else [current]
-    gen.eos_token_id = eos_id if current in ([], [eos_id]) else sorted({eos_id, *current})
-    gen.pad_token_id = tokenizer.pad_token_id
-    model.config.eos_token_id = eos_id
-    model.config.pad_token_id = tokenizer.pad_token_id
-
-
-# --------------------------------------------------------------------------- tiny random llama
-
-_TINY_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
-
-
-def build_tiny_tokenizer():
-    """Character-level tokenizer: specials, ``\\n`` and printable ASCII (100 tokens)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {tok: i for i, tok in enumerate(_TINY_SPECIALS + chars)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # Every character (newline included) is its own pre-token; Fuse joins them back losslessly.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.add_special_tokens(_TINY_SPECIALS)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE
-    return tokenizer
-
-
-def build_tiny_model(seed: int = 0):
-    """Build ``(model, tokenizer)`` for a tiny random Llama, deterministic in ``seed``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    # fork_rng: seeding must not disturb the caller's global RNG stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    _finish_generation_config(model, tokenizer)
-    return model.eval(), tokenizer
-
-
-def save_tiny_model(path, seed: int = 0) -> Path:
-    """Save the tiny random Llama (safetensors) and its tokenizer to ``path``."""
-    model, tokenizer = build_tiny_model(seed)
-    path = Path(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 # --------------------------------------------------------------------------- loaders
