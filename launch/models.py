@@ -231,6 +231,19 @@ def _hub_offline() -> bool:
     return constants.HF_HUB_OFFLINE or any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
 
 
+def _hub_resolvable() -> bool:
+    """Can the hub's host name be resolved? Saves huggingface_hub's ~20 s of retries offline."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
 def _resolve_hub(repo: str) -> str:
     """Pass a hub id through if it is cached or the hub can serve it; else explain how to get it."""
     import huggingface_hub
@@ -246,7 +259,7 @@ def _resolve_hub(repo: str) -> str:
         f"model '{repo}' is not a local path or a cached hub model; download it with "
         f"'hf download {repo}' on a machine with internet, or pass --model.name PATH"
     )
-    if _hub_offline():
+    if _hub_offline() or not _hub_resolvable():
         raise ModelNotFoundError(missing)
     try:  # Fetching config.json (a few KB) proves the hub is reachable and the repo is readable.
         huggingface_hub.hf_hub_download(repo, "config.json", etag_timeout=10)

