@@ -19,6 +19,14 @@ SYSTEM = re.compile(r"(trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) token
 TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8"]
 
 
+def report_lines(out: str) -> list[str]:
+    """The report from its `machine:` line on (libraries may print notices before it, e.g.
+    wandb's "Running in WANDB offline mode" when WANDB_MODE=offline)."""
+    lines = out.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("machine: "))
+    return [line for line in lines[start:] if not line.startswith("[INFO]")]
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -30,7 +38,7 @@ def ray_cluster():
 def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, tmp_path):
     out = tmp_path / "bench.json"
     assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--json", str(out)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = report_lines(capsys.readouterr().out)
     assert lines[0].startswith("machine: ") and "trl " in lines[0]
     assert lines[1].startswith("settings: ") and "max_staleness=1" in lines[1]
     matches = [SYSTEM.fullmatch(line) for line in lines[-3:-1]]
@@ -53,7 +61,7 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
 @pytest.mark.slow
 def test_rollout_only_lines(ray_cluster, capsys):
     assert bench.main(TINY + ["--rollout-only", "--reps", "1", "--workers", "1,2"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = report_lines(capsys.readouterr().out)
     assert lines[0].startswith("machine: ") and lines[1].startswith("rollout: ")
     rates = [re.match(r"(.+): (\S+) tokens/s", line) for line in lines[2:]]
     assert len(rates) == 4 and all(rates), lines

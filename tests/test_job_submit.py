@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,17 @@ def ray_is_connected() -> bool:
     return ray.is_initialized()
 
 
+def submit(cmd, env, attempts: int = 20):
+    """`ray job submit`, retried while the head's job agent is still starting (a loaded machine
+    can take a while after `ray start` returns); any other failure is returned at once."""
+    for _ in range(attempts):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+        if "No available agent to submit job" not in proc.stdout + proc.stderr:
+            return proc
+        time.sleep(3)
+    return proc
+
+
 @pytest.mark.slow
 def test_job_submit_runs_tiny_preset(head_node, tmp_path):
     address, env = head_node
@@ -61,7 +73,7 @@ def test_job_submit_runs_tiny_preset(head_node, tmp_path):
            "--runtime-env-json", json.dumps({"excludes": [".venv", "runs", ".git"]}),
            "--", "python", "-m", "launch.train", "--preset", "tiny", "--steps", "3",
            "--run-dir", str(run_dir)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = submit(cmd, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
