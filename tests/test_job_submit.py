@@ -7,6 +7,7 @@ job to succeed and checks its run directory. The cluster is stopped at the end.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,14 +39,44 @@ def head_node(tmp_path):
     # when RAY_AUTH_MODE=token (README says the same).
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
-    subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
-                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-                    "--num-cpus", "2", "--disable-usage-stats"],
-                   check=True, env=env, capture_output=True, timeout=180)
+    # `--block` in a session of its own: teardown kills exactly this cluster's processes.
+    # (`ray stop` would kill every Ray cluster on the machine, a user's running jobs included.)
+    head = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--num-cpus", "2",
+         "--disable-usage-stats", *agent_ports()],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
     try:
-        yield f"http://127.0.0.1:{dash}", env
+        wait_for_dashboard(address, env, head)
+        yield address, env
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+
+
+def agent_ports() -> list[str]:
+    """Free ports for the per-node agents: the defaults (e.g. 52365) may belong to another Ray
+    cluster on this machine, and then this head never gets a job agent."""
+    flags = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+             "--runtime-env-agent-port", "--metrics-export-port", "--ray-client-server-port"]
+    return [x for flag in flags for x in (flag, str(_free_port()))]
+
+
+def wait_for_dashboard(address: str, env: dict, head, attempts: int = 90) -> None:
+    """Poll `ray job list` until the head answers (bounded), failing fast if the head died."""
+    for _ in range(attempts):
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start --head exited with {head.returncode}")
+        if subprocess.run([RAY, "job", "list", "--address", address], env=env,
+                          capture_output=True, timeout=60).returncode == 0:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"Ray dashboard at {address} did not answer")
 
 
 def ray_is_connected() -> bool:
