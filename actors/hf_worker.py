@@ -15,10 +15,11 @@ import ray
 import torch
 import torch.nn.functional as F
 
+from actors.prompts import encode_prompts
 from actors.types import RolloutBatch
-from actors.weights import WeightApplier, WeightVersionError
+from actors.weights import WeightApplier, check_version
 from launch.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
-from rewards import VerifierPool, format_prompt
+from rewards import VerifierPool
 
 
 def worker_dtype(dtype: str) -> torch.dtype:
@@ -55,32 +56,13 @@ class HFRolloutWorker:
         An older version than the one held is refused unless `rollback` (the driver re-running
         a failed share with the weights that share was launched with).
         """
-        if payload["version"] != version:
-            raise WeightVersionError(
-                f"{self.name}: payload holds version {payload['version']}, push said {version}")
-        if version < self.version and not rollback:
-            raise WeightVersionError(
-                f"{self.name}: refusing stale weights version {version} < current {self.version}")
+        check_version(self.name, payload, version, self.version, rollback)
         self.weights.apply(payload)
         self.version = version
         return version
 
     def _encode(self, prompts: list[dict]):
-        """Chat-format and tokenize; prompts over the length limit are skipped, not truncated."""
-        keep, skipped, ids = [], [], []
-        limit = self.cfg.rollout.max_prompt_tokens
-        for i, p in enumerate(prompts):
-            text = format_prompt(self.tokenizer, p["question"])
-            toks = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if not p["question"].strip():
-                skipped.append({"index": i, "id": p.get("id"), "reason": "empty_prompt"})
-            elif len(toks) > limit:
-                skipped.append({"index": i, "id": p.get("id"), "reason": "prompt_too_long",
-                                "tokens": len(toks)})
-            else:
-                keep.append(i)
-                ids.append(toks)
-        return keep, skipped, ids
+        return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], group_size: int, sampling: dict):

@@ -72,10 +72,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from actors.prompts import encode_prompts
 from actors.types import RolloutBatch
-from actors.weights import WeightVersionError
+from actors.weights import check_version
 from launch.models import cache_dir, cpu_supports_bf16, load_tokenizer, resolve_model
-from rewards import VerifierPool, format_prompt
+from rewards import VerifierPool
 
 VLLM_VERSION = "0.32.0"
 """the vLLM release this module was written and tested against"""
@@ -348,12 +349,7 @@ class VLLMRolloutWorker:
     # ---- weights -------------------------------------------------------------------------
     def set_weights(self, payload: dict, version: int, rollback: bool = False) -> int:
         """Load the learner's export for `version`; same checks as the HF worker."""
-        if payload["version"] != version:
-            raise WeightVersionError(
-                f"{self.name}: payload holds version {payload['version']}, push said {version}")
-        if version < self.version and not rollback:
-            raise WeightVersionError(
-                f"{self.name}: refusing stale weights version {version} < current {self.version}")
+        check_version(self.name, payload, version, self.version, rollback)
         t0 = time.perf_counter()
         if payload["kind"] == "lora":
             self._load_lora(payload, version)
@@ -442,21 +438,7 @@ class VLLMRolloutWorker:
 
     # ---- rollouts ------------------------------------------------------------------------
     def _encode(self, prompts: list[dict]):
-        """Chat-format and tokenize; prompts over the length limit are skipped, not truncated."""
-        keep, skipped, ids = [], [], []
-        limit = self.cfg.rollout.max_prompt_tokens
-        for i, p in enumerate(prompts):
-            text = format_prompt(self.tokenizer, p["question"])
-            toks = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if not p["question"].strip():
-                skipped.append({"index": i, "id": p.get("id"), "reason": "empty_prompt"})
-            elif len(toks) > limit:
-                skipped.append({"index": i, "id": p.get("id"), "reason": "prompt_too_long",
-                                "tokens": len(toks)})
-            else:
-                keep.append(i)
-                ids.append(toks)
-        return keep, skipped, ids
+        return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
 
     def _params(self, group_size: int, sampling: dict, seed: int):
         from vllm import SamplingParams

@@ -17,6 +17,17 @@ class WeightVersionError(ValueError):
     """A stale or mismatched weight push; the message names both versions."""
 
 
+def check_version(worker: str, payload: dict, version: int, current: int,
+                  rollback: bool = False) -> None:
+    """Refuse a push whose payload is not `version`, or older than `current` (unless rollback)."""
+    if payload["version"] != version:
+        raise WeightVersionError(
+            f"{worker}: payload holds version {payload['version']}, push said {version}")
+    if version < current and not rollback:
+        raise WeightVersionError(
+            f"{worker}: refusing stale weights version {version} < current {current}")
+
+
 def _tensor(a) -> torch.Tensor:
     # Arrays from the object store are read-only views; copy once into torch.
     return torch.tensor(np.asarray(a))
