@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,10 +42,13 @@ def head_node(tmp_path):
     env.pop("RAY_ADDRESS", None)
     # `--block` in a session of its own: teardown kills exactly this cluster's processes.
     # (`ray stop` would kill every Ray cluster on the machine, a user's running jobs included.)
+    # A private --temp-dir keeps its `ray_current_cluster` address file out of /tmp/ray, where a
+    # later plain `ray.init()` in this test session would find it and try to join the dead head.
+    temp_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: unix socket paths are capped
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--num-cpus", "2",
-         "--disable-usage-stats", *agent_ports()],
+         "--disable-usage-stats", "--temp-dir", temp_dir, *agent_ports()],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     try:
@@ -57,6 +61,7 @@ def head_node(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=30)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def agent_ports() -> list[str]:
