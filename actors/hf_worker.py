@@ -15,7 +15,7 @@ import ray
 import torch
 import torch.nn.functional as F
 
-from actors.prompts import encode_prompts
+from actors.prompts import encode_prompts, verified_batch
 from actors.types import RolloutBatch
 from actors.weights import WeightApplier, check_version
 from launch.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
@@ -109,19 +109,6 @@ class HFRolloutWorker:
         if keep:
             gen, logp, entropy = self._sample(prompt_ids, group_size, sampling)
             comps, lps, ents, reasons = self._trim(gen, logp, entropy)
-        texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
-        index = [i for i in keep for _ in range(group_size)]
-        answers = [prompts[i]["answer"] for i in index]
-        results = self.verifier.score(texts, answers, timeout_s=self.cfg.rollout.reward_timeout_s)
-        correct = np.array([r.score for r in results], dtype=np.float32)
-        fmt = np.array([r.format_score for r in results], dtype=np.float32)
-        return RolloutBatch(
-            prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
-            logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
-            correct=correct, format_score=fmt,
-            rewards=correct + self.cfg.rollout.format_weight * fmt,
-            reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
-            version=self.version,
-            num_prompts=len(prompts), gen_time_s=time.perf_counter() - t0, worker=self.name,
-            rss_gb=psutil.Process().memory_info().rss / 2**30,
-            skipped=skipped)
+        return verified_batch(self, prompts, keep, prompt_ids, group_size,
+                              (comps, lps, ents, reasons), skipped, t0,
+                              psutil.Process().memory_info().rss / 2**30)

@@ -1,7 +1,13 @@
-"""Prompt encoding shared by the rollout workers: chat format, tokenize, refuse (never truncate)."""
+"""What the rollout workers share around their engines: prompt encoding (chat format, tokenize,
+refuse, never truncate) and turning sampled tokens into a verified `RolloutBatch`."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
+
+from actors.types import RolloutBatch
 from rewards import format_prompt
 
 
@@ -24,3 +30,30 @@ def encode_prompts(tokenizer, prompts: list[dict], limit: int):
             keep.append(i)
             ids.append(toks)
     return keep, skipped, ids
+
+
+def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: list[list[int]],
+                   group_size: int, sampled: tuple, skipped: list[dict], t0: float,
+                   rss_gb: float) -> RolloutBatch:
+    """Decode and verify G completions per kept prompt; the worker's RolloutBatch.
+
+    worker: the calling rollout worker (its tokenizer, verifier, cfg, version and name).
+    sampled: (completion ids, behaviour log-probs, entropies, finish reasons), one row per
+    completion, prompt-major (row r belongs to kept prompt r // G).
+    """
+    comps, lps, ents, reasons = sampled
+    texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
+    index = [i for i in keep for _ in range(group_size)]
+    results = worker.verifier.score(texts, [prompts[i]["answer"] for i in index],
+                                    timeout_s=worker.cfg.rollout.reward_timeout_s)
+    correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
+    fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
+    return RolloutBatch(
+        prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
+        logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
+        correct=correct, format_score=fmt,
+        rewards=correct + worker.cfg.rollout.format_weight * fmt,
+        reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
+        version=worker.version, num_prompts=len(prompts),
+        gen_time_s=time.perf_counter() - t0, worker=worker.name, rss_gb=rss_gb,
+        skipped=skipped)

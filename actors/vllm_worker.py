@@ -55,12 +55,12 @@ cores i*k .. i*k+k-1 of the process's affinity set, wrapping), with torch's thre
 match; `VLLM_CPU_KVCACHE_SPACE` = 2 (GB); `VLLM_CACHE_ROOT` = $HOMERL_CACHE/vllm.
 
 vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ... only, so the 16-dim
-`tiny-random-llama` cannot load; `save_tiny_vllm_model` writes a vLLM-compatible tiny model.
+`tiny-random-llama` cannot load; `actors.vllm_setup.save_tiny_vllm_model` writes a
+vLLM-compatible tiny model.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -72,10 +72,20 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from actors.prompts import encode_prompts
+from actors.prompts import encode_prompts, verified_batch
 from actors.types import RolloutBatch
+from actors.vllm_setup import (
+    check_head_size,
+    configure_env,
+    cuda_available,
+    eos_ids,
+    lora_rank,
+    max_positions,
+    vllm_dtype,
+    write_peft_adapter,
+)
 from actors.weights import check_version
-from launch.models import cache_dir, cpu_supports_bf16, load_tokenizer, resolve_model
+from launch.models import load_tokenizer, resolve_model
 from rewards import VerifierPool
 
 VLLM_VERSION = "0.32.0"
@@ -85,11 +95,6 @@ ENTROPY_TOP_K = 20
 FULL_VOCAB_MAX = 256
 """vocabularies up to this size get every log-prob per position (exact entropy)"""
 EXTENSION = "actors.vllm_worker.WeightSyncExtension"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""the values vLLM accepts for max_lora_rank"""
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""head sizes vLLM's CPU attention backend supports"""
-PEFT_PREFIX = "base_model.model."
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """HF modules vLLM fuses into one layer: a merged load must bring the whole group"""
 GPU_MEMORY_UTILIZATION = float(os.environ.get("HOMERL_VLLM_GPU_MEM", "0.35"))
@@ -128,173 +133,6 @@ class WeightSyncExtension:
                              self.model_runner.get_model().parameters() if p.numel()))
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001 - any torch import problem means no CUDA
-        return False
-
-
-def worker_index(name: str) -> int:
-    """`rollout-3` / `rollout-3-r1` -> 3 (0 when the name carries no index)."""
-    m = re.match(r"\D*(\d+)", name)
-    return int(m.group(1)) if m else 0
-
-
-def cpu_bind(threads: int, index: int) -> str:
-    """The cores worker `index` owns: k consecutive cores of this process's affinity set."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1))
-    start = index * threads
-    return ",".join(str(cores[(start + j) % len(cores)]) for j in range(min(threads, len(cores))))
-
-
-def configure_env(cfg, name: str) -> None:
-    """vLLM CPU settings; each only when the user has not set it (vLLM reads them at start)."""
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    # One process: the engine core and its model worker run inside this (actor) process. vLLM
-    # would otherwise spawn two more processes, each re-importing vLLM (~20 s apiece on 2
-    # cores), and a SIGKILLed actor would leave them behind.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if not _cuda():
-        own = cpu_bind(cfg.rollout.threads_per_worker, worker_index(name))
-        bind = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own)
-        # In-process engine: torch's thread pool must match the bound cores before vLLM binds
-        # them (it refuses set_num_threads afterwards); 2 OpenMP threads on 1 core ran 3-5x
-        # slower than 1.
-        import torch
-
-        threads = str(count_cores(bind)) if bind not in ("auto", "nobind") else None
-        if threads:
-            os.environ["OMP_NUM_THREADS"] = threads
-            torch.set_num_threads(int(threads))
-
-
-def count_cores(spec: str) -> int:
-    """Cores in a cpulist such as '0-3,6' (the first rank's part of 'a|b')."""
-    n = 0
-    for part in spec.split("|")[0].split(","):
-        lo, _, hi = part.strip().partition("-")
-        n += int(hi) - int(lo) + 1 if hi else 1
-    return max(n, 1)
-
-
-def vllm_dtype(dtype: str) -> str:
-    """Config dtype -> vLLM dtype. auto: bf16 on CUDA or AMX CPUs, else fp32.
-
-    On this project's 2-core AVX512-bf16 (no AMX) machine vLLM decoded SmolLM2-135M at about
-    the same speed in fp32 and bf16 (fp32 ~5% ahead), so auto follows the HF worker's rule.
-    """
-    if dtype == "fp32":
-        return "float32"
-    if dtype == "bf16":
-        return "bfloat16"
-    return "bfloat16" if _cuda() or cpu_supports_bf16() else "float32"
-
-
-def lora_rank(r: int) -> int:
-    """Smallest max_lora_rank vLLM accepts that holds rank r."""
-    for v in LORA_RANKS:
-        if v >= r:
-            return v
-    raise ValueError(f"lora.r: vLLM supports ranks up to {LORA_RANKS[-1]}; got {r}")
-
-
-def write_peft_adapter(payload: dict, out_dir: str, base_model: str) -> str:
-    """Write a LoRA payload (see learner/export.py) as a peft adapter directory.
-
-    The payload's scale is folded into B (lora_alpha = r, so peft's scale alpha/r is 1); the
-    adapter vLLM loads is then exactly W0 + scale * B @ A.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    tensors, scale = payload["tensors"], float(payload["scale"])
-    state, modules, rank = {}, set(), None
-    for key, value in tensors.items():
-        module, kind = key.rsplit(".", 1)  # kind: lora_A or lora_B
-        t = torch.tensor(np.asarray(value), dtype=torch.float32)
-        if kind == "lora_B":
-            t = t * scale
-        else:
-            rank = t.shape[0]
-        state[f"{PEFT_PREFIX}{module}.{kind}.weight"] = t.contiguous()
-        modules.add(module.rsplit(".", 1)[-1])
-    if rank is None:
-        raise ValueError("LoRA payload holds no lora_A tensors")
-    os.makedirs(out_dir, exist_ok=True)
-    save_file(state, os.path.join(out_dir, "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-              "target_modules": sorted(modules), "lora_dropout": 0.0, "bias": "none",
-              "fan_in_fan_out": False, "use_rslora": False, "modules_to_save": None,
-              "base_model_name_or_path": base_model}
-    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
-        json.dump(config, f)
-    return out_dir
-
-
-def save_tiny_vllm_model(path, seed: int = 0) -> Path:
-    """A tiny random Llama vLLM's CPU backend can load (head size 32, char tokenizer).
-
-    Like `tiny-random-llama` (2 layers, hidden 64, vocab 100) but with 2 heads of 32.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from launch.models import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=512,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    path = Path(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def _check_head_size(path: str) -> None:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(path)
-    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if not _cuda() and head not in CPU_HEAD_SIZES:
-        raise ValueError(
-            f"model {path}: head size {head} is not supported by vLLM's CPU attention "
-            f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))}); use rollout.engine=hf or a "
-            f"model such as actors.vllm_worker.save_tiny_vllm_model(DIR)")
-
-
-def _eos_ids(path: str, tokenizer) -> list[int]:
-    from transformers import GenerationConfig
-
-    ids = set()
-    try:
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    except OSError:
-        pass
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
-
-
-def _max_positions(path: str) -> int | None:
-    from transformers import AutoConfig
-
-    return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-
-
 class VLLMRolloutWorker:
     """Generates G completions per prompt with vLLM and scores them (see module docstring)."""
 
@@ -304,7 +142,7 @@ class VLLMRolloutWorker:
         self.cfg, self.name = cfg, name
         if lora_merge is None:
             env = os.environ.get("HOMERL_VLLM_LORA", "")
-            lora_merge = env == "merge" if env in ("merge", "adapter") else not _cuda()
+            lora_merge = env == "merge" if env in ("merge", "adapter") else not cuda_available()
         self.lora_merge = lora_merge
         self.base: dict = {}  # HF name -> fp32 W0 of merged modules (merge mode)
         self.base_override: dict | None = None  # the last full payload, W0 for later merges
@@ -312,16 +150,16 @@ class VLLMRolloutWorker:
         from vllm import LLM
 
         self.path = resolve_model(cfg.model.name)
-        _check_head_size(self.path)
+        check_head_size(self.path)
         self.tokenizer = load_tokenizer(self.path)
-        self.eos_ids = _eos_ids(self.path, self.tokenizer)
+        self.eos_ids = eos_ids(self.path, self.tokenizer)
         self.use_lora = cfg.lora.mode in ("lora", "qlora")
         max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-        limit = _max_positions(self.path)
+        limit = max_positions(self.path)
         kwargs = dict(
             model=self.path, tokenizer=self.path, dtype=vllm_dtype(cfg.model.dtype),
             # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
-            seed=cfg.run.seed, enforce_eager=not _cuda(),
+            seed=cfg.run.seed, enforce_eager=not cuda_available(),
             max_model_len=min(max_len, limit or max_len),
             logprobs_mode="processed_logprobs", max_logprobs=-1,
             worker_extension_cls=EXTENSION, enable_prefix_caching=True,
@@ -329,7 +167,7 @@ class VLLMRolloutWorker:
         if self.use_lora and not self.lora_merge:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank(cfg.lora.r), max_loras=1,
                           max_cpu_loras=1)
-        if _cuda():  # untested here (no GPU on the development machine)
+        if cuda_available():  # untested here (no GPU on the development machine)
             kwargs.update(gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_sleep_mode=True)
             if cfg.lora.mode == "qlora":  # serve the learner's NF4 base; bf16 would not fit 8 GB
                 kwargs["quantization"] = "bitsandbytes"  # (launch/plan.py)
@@ -501,30 +339,18 @@ class VLLMRolloutWorker:
                     lps.append(logp)
                     ents.append(ent)
                     reasons.append("stop" if c.finish_reason == "stop" else "length")
-        texts = self.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
-        index = [i for i in keep for _ in range(group_size)]
-        answers = [prompts[i]["answer"] for i in index]
-        results = self.verifier.score(texts, answers, timeout_s=self.cfg.rollout.reward_timeout_s)
-        correct = np.array([r.score for r in results], dtype=np.float32)
-        fmt = np.array([r.format_score for r in results], dtype=np.float32)
-        return RolloutBatch(
-            prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
-            logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
-            correct=correct, format_score=fmt,
-            rewards=correct + self.cfg.rollout.format_weight * fmt,
-            reward_errors=[r.error for r in results], version=self.version,
-            num_prompts=len(prompts), gen_time_s=time.perf_counter() - t0, worker=self.name,
-            rss_gb=_tree_rss_gb(), skipped=skipped)
+        return verified_batch(self, prompts, keep, prompt_ids, group_size,
+                              (comps, lps, ents, reasons), skipped, t0, _tree_rss_gb())
 
     # ---- GPU memory sharing (CUDA only) --------------------------------------------------
     def sleep(self, level: int = 1) -> None:
         """Free the GPU for the learner: level 1 offloads weights to CPU, drops the KV cache."""
-        if not _cuda():
+        if not cuda_available():
             raise RuntimeError("sleep mode needs a CUDA GPU")
         self.llm.sleep(level=level)
 
     def wake_up(self) -> None:
-        if not _cuda():
+        if not cuda_available():
             raise RuntimeError("sleep mode needs a CUDA GPU")
         self.llm.wake_up()
         self.llm.reset_prefix_cache()

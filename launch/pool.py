@@ -20,6 +20,12 @@ log = logging.getLogger("homerl.pool")
 
 START_TIMEOUT_S = 600.0
 """a new worker must load its model and answer within this (seconds); calls get call_timeout_s"""
+PUSH_TRIES = 3
+"""a weight push a worker refused or failed to load is tried this many times in all"""
+
+
+class WeightSyncError(RuntimeError):
+    """A worker could not load a weight version after PUSH_TRIES attempts."""
 
 
 @dataclass
@@ -70,6 +76,7 @@ class WorkerPool:
         self.restarts = 0
         self.workers = [self._spawn(i) for i in range(cfg.rollout.num_workers)]
         self.versions = [0] * len(self.workers)
+        self.push_refs: list[list[tuple[int, ray.ObjectRef]]] = [[] for _ in self.workers]
         ray.get([w.ping.remote() for w in self.workers], timeout=START_TIMEOUT_S)
 
     def _spawn(self, i: int):
@@ -94,8 +101,9 @@ class WorkerPool:
         for v in [v for v in self.payloads if v < oldest_needed]:
             del self.payloads[v]  # no rollout can need it any more
         if not initial:
-            for w in self.workers:
-                w.set_weights.remote(payload_ref, version)
+            for i, w in enumerate(self.workers):
+                self._settle_pushes(i)  # surface earlier failures now; keeps the list short
+                self.push_refs[i].append((version, w.set_weights.remote(payload_ref, version)))
         self.versions = [version] * len(self.workers)
         self.version = version
 
@@ -131,7 +139,15 @@ class WorkerPool:
         while todo:
             share = todo.pop(0)
             try:
-                results[share.worker] = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
+                result = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
+                if not self._settle_pushes(share.worker) or result.version != share.version:
+                    log.warning("worker %d generated step %d with version %d, not %d; re-running"
+                                " its share", share.worker, pending.step, result.version,
+                                share.version)
+                    self._recover(share, replace=False)
+                    todo.append(share)
+                    continue
+                results[share.worker] = result
             except (RayActorError, GetTimeoutError) as e:
                 log.warning("worker %d failed on step %d (%s); re-running its share",
                             share.worker, pending.step, type(e).__name__)
@@ -141,7 +157,41 @@ class WorkerPool:
                 raise  # a bug in the worker, not a fault: surface it
         return RolloutBatch.concat([results[s.worker] for s in pending.shares])
 
-    def _recover(self, share: Share) -> None:
+    def _settle_pushes(self, i: int) -> bool:
+        """Check the pushes to worker i that have finished; False if one failed (now redone).
+
+        A failed push is retried (`_load`), and raises WeightSyncError when it keeps failing.
+        Pushes still running are left alone: this never waits.
+        """
+        ok, still = True, []
+        for version, ref in self.push_refs[i]:
+            if not ray.wait([ref], timeout=0)[0]:
+                still.append((version, ref))
+                continue
+            try:
+                ray.get(ref)
+            except RayTaskError as e:
+                log.warning("worker %d failed to load version %d (%s); retrying", i, version,
+                            _first_line(e))
+                self._load(i, max(version, self.version))
+                ok = False
+        self.push_refs[i] = still
+        return ok
+
+    def _load(self, i: int, version: int, timeout_s: float | None = None) -> None:
+        """Load `version` on worker i now, up to PUSH_TRIES times; WeightSyncError after that."""
+        error = None
+        for _ in range(PUSH_TRIES):
+            try:
+                ray.get(self.workers[i].set_weights.remote(self.payloads[version], version, True),
+                        timeout=timeout_s or self.cfg.rollout.call_timeout_s)
+                return
+            except (RayTaskError, GetTimeoutError) as e:
+                error = e
+        raise WeightSyncError(f"worker {i} could not load weights version {version} after "
+                              f"{PUSH_TRIES} tries: {_first_line(error)}")
+
+    def _recover(self, share: Share, replace: bool = True) -> None:
         """Re-run a failed share on a live worker holding exactly the share's weight version.
 
         The first failure of an actor replaces it; a later share that was queued on the same
@@ -149,13 +199,13 @@ class WorkerPool:
         newest version is re-applied after the re-run.
         """
         i = share.worker
-        if share.actor is self.workers[i]:
+        if replace and share.actor is self.workers[i]:
             self.replace(i)
-        worker = self.workers[i]
-        ray.get(worker.set_weights.remote(self.payloads[share.version], share.version, True),
-                timeout=START_TIMEOUT_S)  # includes a replacement's model load
+            self.push_refs[i] = []  # queued on the dead actor; the newest is re-applied below
+        self._load(i, share.version, START_TIMEOUT_S)  # includes a replacement's model load
         self._launch(share)
-        worker.set_weights.remote(self.payloads[self.version], self.version, True)
+        self.push_refs[i].append((self.version, self.workers[i].set_weights.remote(
+            self.payloads[self.version], self.version, True)))
         self.versions[i] = self.version
 
     def replace(self, i: int) -> None:
@@ -172,6 +222,12 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         kill_and_wait(self.workers)
+
+
+def _first_line(e: BaseException | None) -> str:
+    """The message a user needs from a Ray error: its cause's last line, e.g. the ValueError."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
 
 
 def kill_and_wait(actors: list, timeout_s: float = 30.0) -> None:

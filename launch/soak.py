@@ -4,7 +4,9 @@
     python -m launch.soak --minutes 2 --kill-every 30        # a quick check
 
 Every `--kill-every` seconds a rollout worker's process gets SIGKILL (by PID, from this
-process). At the end it prints steps completed, restarts observed, and RSS growth (driver +
+process), at a random moment inside the next step (a timer thread), so kills land mid-rollout,
+mid-sync or mid-learner-step, not only between steps. At the end it prints steps completed,
+restarts observed, and RSS growth (driver +
 learner + workers, first vs last 10% of steps).
 """
 
@@ -17,6 +19,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -45,7 +48,9 @@ def main(argv=None) -> int:
         k = 0
         while time.monotonic() - t0 < args.minutes * 60:
             if time.monotonic() >= next_kill:
-                os.kill(rng.choice(trainer.pool.worker_pids()), signal.SIGKILL)
+                last_step_s = rows[-1]["time/step_s"] if rows else 1.0
+                pid = rng.choice(trainer.pool.worker_pids())
+                threading.Timer(rng.uniform(0.0, last_step_s), _kill, (pid,)).start()
                 kills += 1
                 next_kill += args.kill_every
             rows.append(trainer.step(k))
@@ -62,6 +67,13 @@ def main(argv=None) -> int:
     print(json.dumps(report, indent=2))
     ok = report["restarts"] >= kills
     return 0 if ok else 1
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone (replaced by an earlier recovery)
+        pass
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
 from launch.models import ModelNotFoundError, resolve_model
 from launch.placement import make_placement
-from launch.pool import Slot, WorkerPool, kill_and_wait
+from launch.pool import Slot, WeightSyncError, WorkerPool, kill_and_wait
 from launch.sent import stage_order
 from learner.learner import Learner, TrainBatch
 from learner.losses import group_advantages, zero_std_fraction
@@ -312,6 +312,10 @@ def main(argv=None) -> int:
         return 2
     try:
         summary = trainer.run()
+    except WeightSyncError as e:  # a fault that retries could not clear: stop, keep the run
+        print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
+              file=sys.stderr)
+        return 1
     finally:
         trainer.shutdown()
     print(json.dumps(summary, indent=2))

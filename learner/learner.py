@@ -170,24 +170,27 @@ class Learner:
 
     # ---- EWC -----------------------------------------------------------------------------
     def consolidate(self, batches: list[TrainBatch]) -> dict:
-        """Diagonal Fisher of log pi(completion | prompt) over `batches`, then anchor here.
+        """Diagonal empirical Fisher of log pi(completion | prompt) over `batches`, then anchor.
 
-        "Lightning" estimate: squared gradients of the batch-mean log-likelihood, one backward
-        per batch (seconds, not minutes). Online EWC: F <- gamma * F_prev + F_new.
+        F_i = mean over sequences s of (d/d theta_i of the token-mean log pi of s)^2: one
+        backward per sequence. (Squaring the gradient of the whole batch's mean instead is
+        cheaper but shrinks F by about the batch size, as per-sequence gradients mostly cancel;
+        that made any sane lambda a no-op.) Online EWC: F <- gamma * F_prev + F_new.
         """
         t0 = time.perf_counter()
         new = {n: torch.zeros_like(p) for n, p in self.params.items()}
         used = batches[: self.cfg.ewc.fisher_batches]
+        count = sum(len(b.completion_ids) for b in used)
         for batch in used:
             T = max(len(c) for c in batch.completion_ids)
             sel = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
-            idx = list(range(len(batch.completion_ids)))
-            logp, _ = self._forward_selected(self.model, batch, idx, sel)
-            (logp.sum() / sel.sum()).backward()
-            for n, p in self.params.items():
-                if p.grad is not None:
-                    new[n] += p.grad.detach() ** 2 / len(used)
-            self.opt.zero_grad(set_to_none=True)
+            for i in range(len(batch.completion_ids)):
+                logp, _ = self._forward_selected(self.model, batch, [i], sel)       # (1, T)
+                (logp.sum() / sel[i].sum()).backward()
+                for n, p in self.params.items():
+                    if p.grad is not None:
+                        new[n] += p.grad.detach() ** 2 / count
+                self.opt.zero_grad(set_to_none=True)
         self.fisher = losses.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
         self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
         total = sum(float(f.sum()) for f in self.fisher.values())

@@ -16,7 +16,7 @@ pytest.importorskip("trl")
 
 SYSTEM = re.compile(r"(trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
                     r"peak RSS (\S+) GB")
-TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8"]
+TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8", "--engine", "hf"]
 
 
 def report_lines(out: str) -> list[str]:
@@ -52,6 +52,9 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
     assert ratio > 0
     data = json.loads(out.read_text())
     assert data["ratio_ours_over_trl"] == pytest.approx(ratio, abs=0.01)
+    trl_s, ours_s = (data["results"][n]["step_s"][1:] for n in ("trl", "ours"))
+    pairs = sorted(t / o for t, o in zip(trl_s, ours_s))  # the ratio is the median of the pairs
+    assert ratio == pytest.approx(pairs[len(pairs) // 2], abs=0.01)
     for name in ("trl", "ours"):
         r = data["results"][name]
         assert len(r["step_s"]) == 2 and len(r["tokens"]) == 2  # warm-up + timed

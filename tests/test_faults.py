@@ -3,7 +3,8 @@
 * a rollout worker killed with SIGKILL mid-run is replaced, its share re-generated with the same
   seed and weights, and the run's metrics equal the uninterrupted run's;
 * a hung worker (SIGSTOP) misses its call timeout, is treated as dead and replaced;
-* stale or mismatched weight pushes are refused with a clear error;
+* stale or mismatched weight pushes are refused with a clear error; a push that keeps failing
+  is retried, then raises WeightSyncError naming worker, version and reason (never a hang);
 * half-written checkpoints are never resumed from; bad models/data are one-line errors.
 """
 
@@ -19,6 +20,7 @@ import ray
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
 from launch import run_io
+from launch.pool import WeightSyncError
 from launch.presets import get_preset
 from launch.train import Trainer
 
@@ -74,6 +76,23 @@ def test_hung_worker_times_out_and_is_replaced(ray_cluster, tmp_path):
     hung, _ = run_with_fault(cfg, tmp_path / "hung", fault_at=1, sig=signal.SIGSTOP)
     assert hung[-1]["faults/worker_restarts"] == 1
     assert [r["reward/mean"] for r in hung] == [r["reward/mean"] for r in clean]
+
+
+def test_failed_push_is_retried_then_a_clear_error_not_a_hang(ray_cluster, tmp_path):
+    trainer = Trainer(tiny(steps=2, max_staleness=0), str(tmp_path))
+    try:
+        trainer.step(0)
+        pool, v = trainer.pool, trainer.pool.version
+        bad = {**ray.get(pool.payloads[v]), "version": v}  # claims the version it replaces
+        pool.push(ray.put(bad), v + 1)
+        prompts = trainer.curriculum.prompts(1)[1]
+        with pytest.raises(WeightSyncError) as e:
+            pool.collect(pool.submit(1, prompts, seed=1))
+    finally:
+        trainer.shutdown()
+    msg = str(e.value)
+    assert "\n" not in msg and f"version {v + 1} after 3 tries" in msg
+    assert f"payload holds version {v}, push said {v + 1}" in msg  # the worker's own reason
 
 
 def test_stale_and_mismatched_weights_are_refused():

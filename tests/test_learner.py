@@ -124,6 +124,28 @@ def test_full_export_loads_into_worker_model():
             assert torch.equal(a, b)
 
 
+def test_fisher_is_the_mean_of_per_sequence_squared_gradients():
+    """F(batch) = mean over its sequences of F(that sequence alone): no cross terms, which the
+    square of the batch-mean gradient would have (and be ~N times smaller)."""
+    learner = Learner(tiny_cfg("lora"))
+    learner.train_step(make_batch(seed=0))  # move off the init, where LoRA B = 0
+    batch = make_batch(3, seed=1)
+
+    def fisher(b):
+        learner.fisher = {}
+        learner.consolidate([b])
+        return learner.fisher
+
+    whole = fisher(batch)
+    singles = [fisher(TrainBatch(batch.prompt_ids[i:i + 1], batch.completion_ids[i:i + 1],
+                                 batch.old_logp[i:i + 1], batch.entropy[i:i + 1],
+                                 batch.advantages[i:i + 1])) for i in range(3)]
+    for name, f in whole.items():
+        mean = sum(s[name] for s in singles) / 3
+        torch.testing.assert_close(f, mean, rtol=1e-4, atol=1e-12)
+    assert sum(float(f.sum()) for f in whole.values()) > 0
+
+
 def test_fisher_only_on_trainable_and_penalty_zero_at_anchor():
     cfg = tiny_cfg("lora")
     cfg.ewc.lam = 10.0

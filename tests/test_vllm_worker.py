@@ -19,12 +19,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GB per engine; the tiny 
 
 from actors.hf_worker import HFRolloutWorker  # noqa: E402
 from actors.types import RolloutBatch  # noqa: E402
-from actors.vllm_worker import (  # noqa: E402
-    VLLMRolloutWorker,
-    lora_rank,
-    save_tiny_vllm_model,
-    write_peft_adapter,
-)
+from actors.vllm_setup import lora_rank, save_tiny_vllm_model, write_peft_adapter  # noqa: E402
+from actors.vllm_worker import VLLMRolloutWorker  # noqa: E402
 from actors.weights import WeightVersionError  # noqa: E402
 from launch.presets import get_preset  # noqa: E402
 

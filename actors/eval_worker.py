@@ -1,0 +1,81 @@
+"""Greedy decoding for evaluation, in process or as Ray actors that each take a shard.
+
+`launch.evaluate` uses `greedy_complete` directly on one machine, and `EvalWorker` actors (one
+per `--workers`, named `eval:<i>` in the dashboard) when a Ray cluster is up:
+
+    RAY_ADDRESS=127.0.0.1:6379 python -m launch.evaluate --model runs/<run>/final --n 500
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import ray
+import torch
+from tqdm import tqdm
+
+from launch.models import load_model, load_tokenizer, resolve_model
+from rewards import format_prompt
+
+
+def load_for_eval(name_or_path: str, dtype: torch.dtype):
+    """(model, tokenizer); a run's LoRA `final/` is loaded onto its base and merged."""
+    meta = os.path.join(name_or_path, "homerl.json")
+    if os.path.exists(meta):
+        with open(meta) as f:
+            info = json.load(f)
+        if info["kind"] == "adapter":
+            from peft import PeftModel
+
+            base_path = resolve_model(info["base_model"])
+            base = load_model(base_path, dtype=dtype)
+            model = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
+            return model.eval(), load_tokenizer(base_path)
+    path = resolve_model(name_or_path)
+    return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
+
+
+@torch.no_grad()
+def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
+                    batch_size: int = 32, desc: str = "eval", progress: bool = True) -> list[str]:
+    """Greedy completions for chat-formatted questions, batched, with a progress bar."""
+    prompts = [format_prompt(tokenizer, q) for q in questions]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+    out: list[str] = [""] * len(prompts)
+    starts = range(0, len(order), batch_size)
+    for s in tqdm(starts, desc=desc, unit="batch", file=sys.stderr, disable=not progress):
+        idx = order[s: s + batch_size]
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        gen = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        for i, t in zip(idx, texts):
+            out[i] = t
+    return out
+
+
+def completion_tokens(tokenizer, texts: list[str]) -> list[int]:
+    """Token count of each completion (re-tokenised, as a user would count it)."""
+    return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+@ray.remote(num_cpus=1)
+class EvalWorker:
+    """One model replica; `complete` decodes one shard of a held-out set greedily."""
+
+    def __init__(self, model: str, dtype: str, threads: int):
+        torch.set_num_threads(threads)
+        self.model, self.tokenizer = load_for_eval(model, getattr(torch, dtype))
+
+    def complete(self, questions: list[str], max_new_tokens: int,
+                 batch_size: int) -> tuple[list[str], list[int]]:
+        """(completions, their token counts), in the order of `questions`."""
+        texts = greedy_complete(self.model, self.tokenizer, questions, max_new_tokens,
+                                batch_size, progress=False)
+        return texts, completion_tokens(self.tokenizer, texts)
+
+    def ping(self) -> dict:
+        return {"pid": os.getpid(), "threads": torch.get_num_threads()}

@@ -1,0 +1,190 @@
+"""Setting vLLM up for a rollout worker: CPU environment, dtype, LoRA rank, adapter files, model
+checks (head size, EOS ids, context), and a tiny vLLM-compatible test model.
+
+Split from `actors/vllm_worker.py` (the worker itself); everything here runs before or beside
+the engine and imports vLLM nowhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from launch.models import cache_dir, cpu_supports_bf16
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""the values vLLM accepts for max_lora_rank"""
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""head sizes vLLM's CPU attention backend supports"""
+PEFT_PREFIX = "base_model.model."
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - any torch import problem means no CUDA
+        return False
+
+
+def worker_index(name: str) -> int:
+    """`rollout-3` / `rollout-3-r1` -> 3 (0 when the name carries no index)."""
+    m = re.match(r"\D*(\d+)", name)
+    return int(m.group(1)) if m else 0
+
+
+def cpu_bind(threads: int, index: int) -> str:
+    """The cores worker `index` owns: k consecutive cores of this process's affinity set."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))
+    start = index * threads
+    return ",".join(str(cores[(start + j) % len(cores)]) for j in range(min(threads, len(cores))))
+
+
+def configure_env(cfg, name: str) -> None:
+    """vLLM CPU settings; each only when the user has not set it (vLLM reads them at start)."""
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # One process: the engine core and its model worker run inside this (actor) process. vLLM
+    # would otherwise spawn two more processes, each re-importing vLLM (~20 s apiece on 2
+    # cores), and a SIGKILLed actor would leave them behind.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not cuda_available():
+        own = cpu_bind(cfg.rollout.threads_per_worker, worker_index(name))
+        bind = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own)
+        # In-process engine: torch's thread pool must match the bound cores before vLLM binds
+        # them (it refuses set_num_threads afterwards); 2 OpenMP threads on 1 core ran 3-5x
+        # slower than 1.
+        import torch
+
+        threads = str(count_cores(bind)) if bind not in ("auto", "nobind") else None
+        if threads:
+            os.environ["OMP_NUM_THREADS"] = threads
+            torch.set_num_threads(int(threads))
+
+
+def count_cores(spec: str) -> int:
+    """Cores in a cpulist such as '0-3,6' (the first rank's part of 'a|b')."""
+    n = 0
+    for part in spec.split("|")[0].split(","):
+        lo, _, hi = part.strip().partition("-")
+        n += int(hi) - int(lo) + 1 if hi else 1
+    return max(n, 1)
+
+
+def vllm_dtype(dtype: str) -> str:
+    """Config dtype -> vLLM dtype. auto: bf16 on CUDA or AMX CPUs, else fp32.
+
+    On this project's 2-core AVX512-bf16 (no AMX) machine vLLM decoded SmolLM2-135M at about
+    the same speed in fp32 and bf16 (fp32 ~5% ahead), so auto follows the HF worker's rule.
+    """
+    if dtype == "fp32":
+        return "float32"
+    if dtype == "bf16":
+        return "bfloat16"
+    return "bfloat16" if cuda_available() or cpu_supports_bf16() else "float32"
+
+
+def lora_rank(r: int) -> int:
+    """Smallest max_lora_rank vLLM accepts that holds rank r."""
+    for v in LORA_RANKS:
+        if v >= r:
+            return v
+    raise ValueError(f"lora.r: vLLM supports ranks up to {LORA_RANKS[-1]}; got {r}")
+
+
+def write_peft_adapter(payload: dict, out_dir: str, base_model: str) -> str:
+    """Write a LoRA payload (see learner/export.py) as a peft adapter directory.
+
+    The payload's scale is folded into B (lora_alpha = r, so peft's scale alpha/r is 1); the
+    adapter vLLM loads is then exactly W0 + scale * B @ A.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    tensors, scale = payload["tensors"], float(payload["scale"])
+    state, modules, rank = {}, set(), None
+    for key, value in tensors.items():
+        module, kind = key.rsplit(".", 1)  # kind: lora_A or lora_B
+        t = torch.tensor(np.asarray(value), dtype=torch.float32)
+        if kind == "lora_B":
+            t = t * scale
+        else:
+            rank = t.shape[0]
+        state[f"{PEFT_PREFIX}{module}.{kind}.weight"] = t.contiguous()
+        modules.add(module.rsplit(".", 1)[-1])
+    if rank is None:
+        raise ValueError("LoRA payload holds no lora_A tensors")
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(state, os.path.join(out_dir, "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+              "target_modules": sorted(modules), "lora_dropout": 0.0, "bias": "none",
+              "fan_in_fan_out": False, "use_rslora": False, "modules_to_save": None,
+              "base_model_name_or_path": base_model}
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    return out_dir
+
+
+def save_tiny_vllm_model(path, seed: int = 0) -> Path:
+    """A tiny random Llama vLLM's CPU backend can load (head size 32, char tokenizer).
+
+    Like `tiny-random-llama` (2 layers, hidden 64, vocab 100) but with 2 heads of 32.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from launch.models import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=512,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def check_head_size(path: str) -> None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if not cuda_available() and head not in CPU_HEAD_SIZES:
+        raise ValueError(
+            f"model {path}: head size {head} is not supported by vLLM's CPU attention "
+            f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))}); use rollout.engine=hf or a "
+            f"model such as actors.vllm_worker.save_tiny_vllm_model(DIR)")
+
+
+def eos_ids(path: str, tokenizer) -> list[int]:
+    from transformers import GenerationConfig
+
+    ids = set()
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def max_positions(path: str) -> int | None:
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)

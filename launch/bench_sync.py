@@ -1,0 +1,72 @@
+"""Weight-sync cost at cpu-demo size: one LoRA update and one full-weight push to N workers.
+
+    python -m launch.bench_sync                       # lora and full, 1 and 2 workers, 5 pushes
+    python -m launch.bench_sync --modes lora --workers 1,2,4 --pushes 3
+
+The real path of a training step: the learner actor exports its update into Ray's object store
+(`Learner.export`), then every rollout worker loads it (`set_weights`: fetch from the store,
+merge LoRA into its base weights or copy the full state). Prints, per mode and worker count, the
+bytes of one update and the median export and load times (load = until the last worker is done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import ray
+
+from actors.hf_worker import HFRolloutWorker
+from launch.presets import get_preset
+from learner.export import payload_nbytes
+from learner.learner import Learner
+
+
+def bench(mode: str, workers: int, pushes: int) -> dict:
+    cfg = get_preset("cpu-demo")
+    cfg.lora.mode = mode
+    cfg.rollout.num_workers, cfg.rollout.threads_per_worker = workers, 1
+    learner = ray.remote(Learner).options(num_cpus=1, name=f"learner:sync-{mode}").remote(cfg)
+    pool = [ray.remote(HFRolloutWorker).options(num_cpus=1, name=f"rollout-{i}:sync").remote(
+        cfg, name=f"rollout-{i}") for i in range(workers)]
+    ray.get([w.ping.remote() for w in pool] + [learner.export.remote()])
+    export_s, load_s, nbytes = [], [], 0
+    try:
+        for _ in range(pushes):
+            t0 = time.perf_counter()
+            ref = learner.export.remote()
+            ray.wait([ref], fetch_local=False)
+            t1 = time.perf_counter()
+            ray.get([w.set_weights.remote(ref, 0) for w in pool])
+            export_s.append(t1 - t0)
+            load_s.append(time.perf_counter() - t1)
+        nbytes = payload_nbytes(ray.get(ref))
+    finally:
+        for a in [learner, *pool]:
+            ray.kill(a)
+    return {"mode": mode, "workers": workers, "mb": nbytes / 1e6,
+            "export_s": statistics.median(export_s), "load_s": statistics.median(load_s)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="launch.bench_sync", description=__doc__.splitlines()[0])
+    p.add_argument("--modes", default="lora,full", help="comma-separated: lora, full")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
+    p.add_argument("--pushes", type=int, default=5, help="timed pushes per setting")
+    args = p.parse_args(argv)
+    counts = [int(x) for x in args.workers.split(",")]
+    ray.init(num_cpus=max(counts) + 1, include_dashboard=False)
+    try:
+        for mode in args.modes.split(","):
+            for n in counts:
+                r = bench(mode, n, args.pushes)
+                print(f"{mode}: {r['mb']:.1f} MB to {n} worker(s): export {r['export_s']:.3f} s,"
+                      f" load on all {r['load_s']:.3f} s (median of {args.pushes})", flush=True)
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
