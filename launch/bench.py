@@ -375,17 +375,33 @@ def rollout_inprocess(s: Settings, reps: int, threads: int) -> list[tuple[str, f
     finally:
         worker.verifier.close()
     tag = f"in-process, {threads} thread{'s' if threads > 1 else ''}"
-    return [(f"HFRolloutWorker.generate ({tag}, logits + entropies + verify)", _rate(ours)),
+    rows = [(f"HFRolloutWorker.generate ({tag}, logits + entropies + verify)", _rate(ours)),
             (f"plain HF model.generate ({tag})", _rate(plain))]
+    if s.engine == "vllm":
+        rows.insert(0, (f"VLLMRolloutWorker.generate ({tag}, log-probs + entropies + verify)",
+                        _rate(rollout_vllm(cfg, prompts, s, reps))))
+    return rows
+
+
+def rollout_vllm(cfg, prompts: list[dict], s: Settings, reps: int) -> list[tuple[int, float]]:
+    from actors.vllm_worker import VLLMRolloutWorker
+
+    release_memory()
+    worker = VLLMRolloutWorker(cfg)
+    try:
+        return _timed(lambda i: worker.generate(prompts, s.group, {"seed": 1000 + i}).num_tokens,
+                      reps)
+    finally:
+        worker.shutdown()
 
 
 def rollout_ray(s: Settings, n_workers: int, reps: int) -> float:
-    from actors.hf_worker import HFRolloutWorker
     from launch.pool import WorkerPool
+    from launch.train import rollout_worker_class
 
     cfg = ours_config(s)
     cfg.rollout.num_workers, cfg.rollout.threads_per_worker = n_workers, 1
-    pool = WorkerPool(cfg, HFRolloutWorker)
+    pool = WorkerPool(cfg, rollout_worker_class(cfg))
     prompts = bench_prompts(s, 1)
     try:
         samples = _timed(lambda i: pool.collect(pool.submit(0, prompts, seed=3000 + i)).num_tokens,
@@ -413,7 +429,7 @@ def rollout_only(s: Settings, reps: int, threads: int, workers: list[int]) -> tu
     lines += [f"{name}: {_fmt(rate)} tokens/s" for name, rate in rows]
     base = ray_rates[workers[0]]
     for n, rate in ray_rates.items():
-        lines.append(f"Ray WorkerPool {n} worker{'s' if n > 1 else ''} x 1 thread: "
+        lines.append(f"Ray WorkerPool {n} {s.engine} worker{'s' if n > 1 else ''} x 1 thread: "
                      f"{_fmt(rate)} tokens/s total ({rate / base:.2f}x {workers[0]} worker)")
     return lines, {"settings": asdict(s), "in_process_tokens_per_s": dict(rows),
                    "ray_tokens_per_s": ray_rates, "machine": lines[0]}

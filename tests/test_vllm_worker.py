@@ -118,7 +118,7 @@ def test_generate_returns_well_formed_batch(worker, hf):
     assert b.num_prompts == 3 and [s["reason"] for s in b.skipped] == ["empty_prompt"]
     assert b.prompt_index == [i for i in range(len(PROMPTS)) for _ in range(G)]
     assert len(b.completion_ids) == len(b.logprobs) == len(b.entropy) == len(b.texts) == n
-    assert b.rewards.shape == (n,) and len(b.reward_errors) == n
+    assert b.rewards.shape == (n,) and len(b.reward_errors) == len(b.answers) == n
     assert b.version == 0 and b.worker == "rollout-1" and b.rss_gb > 0 and b.gen_time_s > 0
     eos = worker.tokenizer.eos_token_id
     for p, c, lp, ent, why in zip(b.prompt_ids, b.completion_ids, b.logprobs, b.entropy,
@@ -232,3 +232,27 @@ def test_sleep_frees_gpu_memory_and_wake_up_restores_the_policy(model_path):
         assert w.generate(PROMPTS, 1, greedy).completion_ids == before.completion_ids
     finally:
         w.shutdown()
+
+
+def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path):
+    """launch.train's Trainer on a local Ray cluster with rollout.engine=vllm: every step's
+    rollout at the version staleness allows, the last push reaches the vLLM worker."""
+    import ray
+
+    from launch.train import Trainer
+
+    cfg = make_cfg(model_path)
+    cfg.rollout.engine, cfg.run.steps, cfg.run.checkpoint_every = "vllm", 3, 0
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        trainer = Trainer(cfg, str(tmp_path))
+        try:
+            rows = [trainer.step(k) for k in range(3)]
+            versions = trainer.pool.worker_versions()
+        finally:
+            trainer.shutdown()
+    finally:
+        ray.shutdown()
+    assert [r["rollout/version"] for r in rows] == [0, 0, 1]  # max_staleness 1
+    assert [r["weights/version"] for r in rows] == [1, 2, 3] and versions == [3]
+    assert all(r["rollout/tokens"] > 0 and np.isfinite(r["loss/policy"]) for r in rows)
