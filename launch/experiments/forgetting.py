@@ -59,12 +59,13 @@ def main(argv=None) -> int:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-demo", help="base preset")
     p.add_argument("--stage-steps", type=int, default=15, help="training steps per stage")
-    p.add_argument("--lam", default="5000", help="EWC lambda(s) of the EWC arm(s), comma-separated"
-                   " (the Fisher of SmolLM2's LoRA tensors averages ~5e-6 per element)")
+    p.add_argument("--lam", default="1e4,1e5", help="EWC lambda(s) of the EWC arm(s), "
+                   "comma-separated")
     p.add_argument("--fisher-batches", type=int, default=4, help="batches in the Fisher estimate")
     p.add_argument("--n", type=int, default=30, help="held-out problems per stage set")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit")
     p.add_argument("--out", default="runs/forgetting", help="output directory")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout engine")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the EWC-off arm (e.g. to rerun only the EWC arms)")
     args = p.parse_args(argv)
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
     cfg.rollout.max_new_tokens = args.max_new_tokens
     cfg.ewc.fisher_batches = args.fisher_batches
     cfg.run.checkpoint_every = 0
+    cfg.rollout.engine = args.engine
     sets = heldout_sets(SETS, args.n, None)
     results = {}
     lams = [float(x) for x in args.lam.split(",")]
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
         arm_dir = os.path.join(args.out, f"ewc-{lam:g}")
         results[f"ewc={lam:g}"] = run_arm(cfg, lam, arm_dir, sets, args.max_new_tokens)
     wall = time.perf_counter() - t0
-    print(f"\nforgetting experiment: {args.preset}, 3 x {args.stage_steps} steps, "
+    print(f"\nforgetting experiment: {args.preset} ({args.engine}), 3 x {args.stage_steps} steps, "
           f"{args.n} held-out problems per set, wall {wall / 60:.1f} min")
     print(table([r for rows in results.values() for r in rows], list(sets)))
     os.makedirs(args.out, exist_ok=True)
