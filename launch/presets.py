@@ -40,7 +40,7 @@ def _cpu_demo() -> Config:
         rollout=RolloutConfig(prompts_per_step=2, group_size=8, max_new_tokens=40, temperature=0.8,
                               num_workers=1, threads_per_worker=1, learner_threads=1,
                               max_staleness=1),
-        grpo=GRPOConfig(lr=3e-4, entropy_rho=0.2, micro_batch=16),
+        grpo=GRPOConfig(lr=3e-4, entropy_rho=0.2, micro_batch=8),
         curriculum=CurriculumConfig(task="arith", level=1),
         run=RunConfig(steps=60, checkpoint_every=20, eval_n=100),
     )

@@ -20,7 +20,12 @@ import torch
 
 from learner import losses
 from learner.export import export_weights, save_final
-from learner.model import build_policy, pick_dtype, selected_logprobs, set_threads
+from learner.model import (
+    build_policy,
+    pick_dtype,
+    set_threads,
+    shared_prefix_logprobs,
+)
 
 
 @dataclass
@@ -72,10 +77,12 @@ class Learner:
 
     # ---- the GRPO step -------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, active: list[int]):
-        """Yield index lists of active sequences, length-sorted so padding stays small."""
+        """Yield index lists of active sequences, a prompt's completions together (its prefix
+        then runs once) and similar lengths together (less padding)."""
         mb = self.cfg.grpo.micro_batch
-        order = sorted(active,
-                       key=lambda i: len(batch.prompt_ids[i]) + len(batch.completion_ids[i]))
+        order = sorted(active, key=lambda i: (len(batch.prompt_ids[i]),
+                                              tuple(batch.prompt_ids[i]),
+                                              len(batch.completion_ids[i])))
         for s in range(0, len(order), mb):
             yield order[s: s + mb]
 
@@ -83,16 +90,16 @@ class Learner:
         """Log-probs of the selected completion tokens of sequences `idx`, as (m, T) dense.
 
         sel: (N, T) bool selected-token mask of the whole step. Unselected entries are 0.
+        Each distinct prompt among `idx` is run once (`shared_prefix_logprobs`).
         """
-        seqs = [batch.prompt_ids[i] + batch.completion_ids[i] for i in idx]
-        width = max(len(s) for s in seqs)
-        ids = _pad(seqs, 0, width, torch.long)                                 # (m, L)
-        attn = _pad([[1] * len(s) for s in seqs], 0, width, torch.long)        # (m, L)
         rows, cols = sel[idx].nonzero(as_tuple=True)                           # (K,), (K,)
-        plen = torch.tensor([len(batch.prompt_ids[i]) for i in idx])
-        targets = ids[rows, plen[rows] + cols]                                 # (K,)
-        logp_k, ent_k = selected_logprobs(model, ids, attn, rows, plen[rows] + cols - 1,
-                                          targets, self.cfg.rollout.temperature, self.autocast)
+        # Causal: tokens after a sequence's last selected one cannot change the selected
+        # log-probs, so they are not run (with rho = 0.2 that trims the tail of most rows).
+        ends = torch.zeros(len(idx), dtype=torch.long).scatter_reduce(0, rows, cols + 1, "amax")
+        comps = [batch.completion_ids[i][: int(e)] for i, e in zip(idx, ends)]
+        logp_k, ent_k = shared_prefix_logprobs(
+            model, [batch.prompt_ids[i] for i in idx], comps,
+            rows, cols, self.cfg.rollout.temperature, self.autocast)
         logp = torch.zeros(len(idx), sel.shape[1])                             # (m, T)
         logp = logp.index_put((rows, cols), logp_k)
         return logp, ent_k
