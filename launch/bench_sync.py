@@ -2,6 +2,7 @@
 
     python -m launch.bench_sync                       # lora and full, 1 and 2 workers, 5 pushes
     python -m launch.bench_sync --modes lora --workers 1,2,4 --pushes 3
+    python -m launch.bench_sync --engine vllm --modes lora --workers 1   # vLLM merges + reloads
 
 The real path of a training step: the learner actor exports its update into Ray's object store
 (`Learner.export`), then every rollout worker loads it (`set_weights`: fetch from the store,
@@ -17,18 +18,19 @@ import time
 
 import ray
 
-from actors.hf_worker import HFRolloutWorker
 from launch.presets import get_preset
+from launch.train import rollout_worker_class
 from learner.export import payload_nbytes
 from learner.learner import Learner
 
 
-def bench(mode: str, workers: int, pushes: int) -> dict:
+def bench(mode: str, workers: int, pushes: int, engine: str = "hf") -> dict:
     cfg = get_preset("cpu-demo")
-    cfg.lora.mode = mode
+    cfg.lora.mode, cfg.rollout.engine = mode, engine
     cfg.rollout.num_workers, cfg.rollout.threads_per_worker = workers, 1
     learner = ray.remote(Learner).options(num_cpus=1, name=f"learner:sync-{mode}").remote(cfg)
-    pool = [ray.remote(HFRolloutWorker).options(num_cpus=1, name=f"rollout-{i}:sync").remote(
+    worker_cls = ray.remote(rollout_worker_class(cfg))
+    pool = [worker_cls.options(num_cpus=1, name=f"rollout-{i}:sync").remote(
         cfg, name=f"rollout-{i}") for i in range(workers)]
     ray.get([w.ping.remote() for w in pool] + [learner.export.remote()])
     export_s, load_s, nbytes = [], [], 0
@@ -54,15 +56,17 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="lora,full", help="comma-separated: lora, full")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     p.add_argument("--pushes", type=int, default=5, help="timed pushes per setting")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout worker")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",")]
     ray.init(num_cpus=max(counts) + 1, include_dashboard=False)
     try:
         for mode in args.modes.split(","):
             for n in counts:
-                r = bench(mode, n, args.pushes)
-                print(f"{mode}: {r['mb']:.1f} MB to {n} worker(s): export {r['export_s']:.3f} s,"
-                      f" load on all {r['load_s']:.3f} s (median of {args.pushes})", flush=True)
+                r = bench(mode, n, args.pushes, args.engine)
+                print(f"{args.engine} {mode}: {r['mb']:.1f} MB to {n} worker(s): export "
+                      f"{r['export_s']:.3f} s, load on all {r['load_s']:.3f} s "
+                      f"(median of {args.pushes})", flush=True)
     finally:
         ray.shutdown()
     return 0
