@@ -70,4 +70,4 @@ def test_rollout_only_lines(ray_cluster, capsys):
     assert len(rates) == 4 and all(rates), lines
     assert all(float(m.group(2)) > 0 for m in rates)
     assert "HFRolloutWorker" in lines[2] and "plain HF" in lines[3]
-    assert "1 worker x" in lines[4] and "2 workers x" in lines[5]
+    assert "1 hf worker x" in lines[4] and "2 hf workers x" in lines[5]
