@@ -172,7 +172,7 @@ class WorkerPool:
                 ray.get(ref)
             except RayTaskError as e:
                 log.warning("worker %d failed to load version %d (%s); retrying", i, version,
-                            _first_line(e))
+                            _reason(e))
                 self._load(i, max(version, self.version))
                 ok = False
         self.push_refs[i] = still
@@ -189,7 +189,7 @@ class WorkerPool:
             except (RayTaskError, GetTimeoutError) as e:
                 error = e
         raise WeightSyncError(f"worker {i} could not load weights version {version} after "
-                              f"{PUSH_TRIES} tries: {_first_line(error)}")
+                              f"{PUSH_TRIES} tries: {_reason(error)}")
 
     def _recover(self, share: Share, replace: bool = True) -> None:
         """Re-run a failed share on a live worker holding exactly the share's weight version.
@@ -224,8 +224,8 @@ class WorkerPool:
         kill_and_wait(self.workers)
 
 
-def _first_line(e: BaseException | None) -> str:
-    """The message a user needs from a Ray error: its cause's last line, e.g. the ValueError."""
+def _reason(e: BaseException | None) -> str:
+    """The message a user needs from a Ray error: its last non-empty line (the raised error)."""
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else type(e).__name__
 

@@ -6,8 +6,7 @@
 Every `--kill-every` seconds a rollout worker's process gets SIGKILL (by PID, from this
 process), at a random moment inside the next step (a timer thread), so kills land mid-rollout,
 mid-sync or mid-learner-step, not only between steps. At the end it prints steps completed,
-restarts observed, and RSS growth (driver +
-learner + workers, first vs last 10% of steps).
+restarts observed, and RSS growth (driver + learner + workers, first vs last 10% of steps).
 """
 
 from __future__ import annotations

@@ -85,13 +85,24 @@ def selected_logprobs(model, input_ids, attention_mask, pos_rows, pos_cols, targ
     Returns logp (K,), entropy (K,) in fp32; the LM head runs on K rows instead of M*L.
     """
     decoder, head = decoder_and_head(model)
-    use_autocast = autocast_dtype != torch.float32
-    ctx = torch.autocast(input_ids.device.type, dtype=autocast_dtype) if use_autocast \
-        else contextlib.nullcontext()
-    with ctx:
+    with _autocast(input_ids.device, autocast_dtype):
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        h = hidden[pos_rows, pos_cols]                          # (K, H)
-        logits = head(h).float() / temperature                  # (K, V)
+        logits = head(hidden[pos_rows, pos_cols]).float() / temperature   # (K, V)
+    return _target_logprobs(logits, targets)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype):
+    """Autocast to `dtype` on `device`, or nothing for fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _target_logprobs(logits, targets):
+    """log softmax(logits) at `targets`, and (no grad) the entropy of each row.
+
+    logits: (K, V) fp32, already divided by the temperature; targets: (K,).
+    """
     logp_all = F.log_softmax(logits, dim=-1)                    # (K, V)
     logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)    # (K,)
     with torch.no_grad():
@@ -131,9 +142,7 @@ def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[li
     c_mask = t([[1] * len(c) + [0] * (T - len(c)) for c in completions])         # (m, T)
     rows, cols = rows.to(dev), cols.to(dev)
     plen = p_mask.sum(1)[owner]                                                  # (m,)
-    ctx = torch.autocast(dev.type, dtype=autocast_dtype) \
-        if autocast_dtype != torch.float32 else contextlib.nullcontext()
-    with ctx:
+    with _autocast(dev, autocast_dtype):
         pre = decoder(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
                       position_ids=(p_mask.cumsum(1) - 1).clamp(min=0))
         cache = pre.past_key_values
@@ -145,10 +154,7 @@ def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[li
         # column t predicts completion token t: the prompt's last state, then completion states
         h_all = torch.cat([pre.last_hidden_state[owner, -1:], hidden[:, :-1]], 1)   # (m, T, H)
         logits = head(h_all[rows, cols]).float() / temperature                       # (K, V)
-    logp_all = F.log_softmax(logits, dim=-1)                                         # (K, V)
-    logp = logp_all.gather(-1, c_ids[rows, cols][:, None]).squeeze(-1)               # (K,)
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)                               # (K,)
+    logp, entropy = _target_logprobs(logits, c_ids[rows, cols])
     return logp.to(out_dev), entropy.to(out_dev)
 
 
