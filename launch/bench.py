@@ -149,13 +149,14 @@ def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: 
             "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
 
 
-def _fmt(x: float) -> str:
+def fmt3(x: float) -> str:
+    """3 significant digits, whole numbers from 1000 up (used by both bench reports)."""
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
 def result_line(name: str, r: dict) -> str:
-    return (f"{name}: {_fmt(r['s_per_step'])} s/step, {_fmt(r['completions_per_s'])} "
-            f"completions/s, {_fmt(r['tokens_per_s'])} tokens/s, "
+    return (f"{name}: {fmt3(r['s_per_step'])} s/step, {fmt3(r['completions_per_s'])} "
+            f"completions/s, {fmt3(r['tokens_per_s'])} tokens/s, "
             f"peak RSS {r['peak_rss_gb']:.1f} GB")
 
 

@@ -15,8 +15,8 @@ import torch
 
 from launch.bench import (
     Settings,
-    _fmt,
     bench_prompts,
+    fmt3,
     machine_line,
     ours_config,
     release_memory,
@@ -124,10 +124,10 @@ def rollout_only(s: Settings, reps: int, threads: int, workers: list[int]) -> tu
     lines = [machine_line(), f"rollout: {s.model} fp32, {s.completions} sequences "
              f"({s.prompts} prompts x G={s.group}), max {s.max_new_tokens} new tokens, "
              f"temperature {s.temperature}, 1 warm-up + {reps} timed calls each"]
-    lines += [f"{name}: {_fmt(rate)} tokens/s" for name, rate in rows]
+    lines += [f"{name}: {fmt3(rate)} tokens/s" for name, rate in rows]
     base = ray_rates[workers[0]]
     for n, rate in ray_rates.items():
         lines.append(f"Ray WorkerPool {n} {s.engine} worker{'s' if n > 1 else ''} x 1 thread: "
-                     f"{_fmt(rate)} tokens/s total ({rate / base:.2f}x {workers[0]} worker)")
+                     f"{fmt3(rate)} tokens/s total ({rate / base:.2f}x {workers[0]} worker)")
     return lines, {"settings": asdict(s), "in_process_tokens_per_s": dict(rows),
                    "ray_tokens_per_s": ray_rates, "machine": lines[0]}
