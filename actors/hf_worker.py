@@ -112,3 +112,7 @@ class HFRolloutWorker:
         return verified_batch(self, prompts, keep, prompt_ids, group_size,
                               (comps, lps, ents, reasons), skipped, t0,
                               psutil.Process().memory_info().rss / 2**30)
+
+    def generate_steps(self, calls: list[tuple[list[dict], int, dict]]) -> list[RolloutBatch]:
+        """One RolloutBatch per (prompts, G, sampling) call, generated one after another."""
+        return [self.generate(*call) for call in calls]

@@ -188,3 +188,31 @@ def max_positions(path: str) -> int | None:
     from transformers import AutoConfig
 
     return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+
+
+def token_stats(tokens: list[int], flat, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled-token log-probs and (renormalised top-k) entropies from FlatLogprobs.
+
+    flat: vLLM's FlatLogprobs of one completion. Each position holds the top-k entries plus the
+    sampled token when it ranks below k (with `top_k == -1`: every token, the sampled one
+    possibly a second time).
+    """
+    lp_all = np.asarray(flat.logprobs, dtype=np.float64)
+    ids = np.asarray(flat.token_ids)
+    if top_k != -1:
+        ranks = np.asarray([r if r is not None else 1 << 30 for r in flat.ranks])
+    logp = np.empty(len(tokens), np.float32)
+    ent = np.empty(len(tokens), np.float32)
+    for t, tok in enumerate(tokens):
+        s, e = flat.start_indices[t], flat.end_indices[t]
+        seg_ids, seg_lp = ids[s:e], lp_all[s:e]
+        logp[t] = seg_lp[np.argmax(seg_ids == tok)]
+        if top_k == -1:
+            top = seg_lp[np.unique(seg_ids, return_index=True)[1]]
+        else:
+            top = seg_lp[ranks[s:e] <= top_k]
+        top = top[np.isfinite(top)]  # top_p < 1 masks tokens to -inf
+        q = np.exp(top - top.max()) if top.size else np.ones(1)
+        q /= q.sum()
+        ent[t] = float(-(q * np.log(np.maximum(q, 1e-300))).sum())
+    return logp, ent

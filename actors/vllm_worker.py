@@ -81,6 +81,7 @@ from actors.vllm_setup import (
     eos_ids,
     lora_rank,
     max_positions,
+    token_stats,
     vllm_dtype,
     write_peft_adapter,
 )
@@ -295,58 +296,61 @@ class VLLMRolloutWorker:
             stop_token_ids=self.eos_ids, logprobs=self.top_k,
             flat_logprobs=True, detokenize=False)
 
-    def _token_stats(self, tokens: list[int], flat) -> tuple[np.ndarray, np.ndarray]:
-        """Sampled-token log-probs and (renormalised top-k) entropies from FlatLogprobs.
-
-        Each position holds the top-k entries plus the sampled token when it ranks below k
-        (with `top_k == -1`: every token, the sampled one possibly a second time).
-        """
-        lp_all = np.asarray(flat.logprobs, dtype=np.float64)
-        ids = np.asarray(flat.token_ids)
-        if self.top_k != -1:
-            ranks = np.asarray([r if r is not None else 1 << 30 for r in flat.ranks])
-        logp = np.empty(len(tokens), np.float32)
-        ent = np.empty(len(tokens), np.float32)
-        for t, tok in enumerate(tokens):
-            s, e = flat.start_indices[t], flat.end_indices[t]
-            seg_ids, seg_lp = ids[s:e], lp_all[s:e]
-            logp[t] = seg_lp[np.argmax(seg_ids == tok)]
-            if self.top_k == -1:
-                top = seg_lp[np.unique(seg_ids, return_index=True)[1]]
-            else:
-                top = seg_lp[ranks[s:e] <= self.top_k]
-            top = top[np.isfinite(top)]  # top_p < 1 masks tokens to -inf
-            q = np.exp(top - top.max()) if top.size else np.ones(1)
-            q /= q.sum()
-            ent[t] = float(-(q * np.log(np.maximum(q, 1e-300))).sum())
-        return logp, ent
-
     def generate(self, prompts: list[dict], group_size: int, sampling: dict) -> RolloutBatch:
         """G completions for each prompt {'question', 'answer', ...}, verified."""
+        return self.generate_steps([(prompts, group_size, sampling)])[0]
+
+    def generate_steps(self, calls: list[tuple[list[dict], int, dict]]) -> list[RolloutBatch]:
+        """One RolloutBatch per (prompts, G, sampling) call, all decoded in one engine batch.
+
+        A CPU decode step costs about the same for 16 rows as for 32 (weight streaming and
+        small-M GEMM overhead dominate), so several steps' rollouts together cost little more
+        than one. Each call keeps its own seeds: its completions do not depend on its company
+        (up to float reassociation in the batched GEMMs). gen_time_s is the engine call's time
+        split evenly over the calls.
+        """
         t0 = time.perf_counter()
+        encoded = [self._requests(*call) for call in calls]
+        inputs = [x for enc in encoded for x in enc[3]]
+        params = [p for enc in encoded for p in enc[4]]
+        outs = (self.llm.generate(inputs, params, lora_request=self.lora_request, use_tqdm=False)
+                if inputs else [])
+        batches, start = [], 0
+        for (prompts, group_size, _), (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
+            sampled = self._sampled(outs[start: start + len(ins)])
+            start += len(ins)
+            batches.append(verified_batch(self, prompts, keep, prompt_ids, group_size, sampled,
+                                          skipped, t0, _tree_rss_gb()))
+        elapsed = time.perf_counter() - t0
+        for b in batches:
+            b.gen_time_s = elapsed / len(batches)
+        return batches
+
+    def _requests(self, prompts: list[dict], group_size: int, sampling: dict):
+        """(kept, skipped, prompt ids, engine inputs, SamplingParams) of one call."""
         keep, skipped, prompt_ids = self._encode(prompts)
         seed = int(sampling.get("seed", 0))
+        inputs = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        if float(sampling.get("temperature", self.cfg.rollout.temperature)) == 0.0:
+            # greedy: vLLM refuses n > 1, so G requests of n=1 (identical completions)
+            params = [self._params(1, sampling, seed) for _ in keep for _ in range(group_size)]
+            inputs = [x for x in inputs for _ in range(group_size)]
+        else:  # n=G: vLLM seeds child g with seed + g, so row r gets seed + r
+            params = [self._params(group_size, sampling, seed + i * group_size) for i in keep]
+        return keep, skipped, prompt_ids, inputs, params
+
+    def _sampled(self, outs) -> tuple[list, list, list, list]:
+        """(completion ids, behaviour log-probs, entropies, finish reasons), row-major."""
         comps, lps, ents, reasons = [], [], [], []
-        if keep:
-            inputs = [{"prompt_token_ids": ids} for ids in prompt_ids]
-            if float(sampling.get("temperature", self.cfg.rollout.temperature)) == 0.0:
-                # greedy: vLLM refuses n > 1, so G requests of n=1 (identical completions)
-                params = [self._params(1, sampling, seed) for _ in keep for _ in range(group_size)]
-                inputs = [x for x in inputs for _ in range(group_size)]
-            else:  # n=G: vLLM seeds child g with seed + g, so row r gets seed + r
-                params = [self._params(group_size, sampling, seed + i * group_size) for i in keep]
-            outs = self.llm.generate(inputs, params, lora_request=self.lora_request,
-                                     use_tqdm=False)
-            for out in outs:
-                for c in sorted(out.outputs, key=lambda c: c.index):
-                    toks = list(c.token_ids)
-                    logp, ent = self._token_stats(toks, c.logprobs)
-                    comps.append(toks)
-                    lps.append(logp)
-                    ents.append(ent)
-                    reasons.append("stop" if c.finish_reason == "stop" else "length")
-        return verified_batch(self, prompts, keep, prompt_ids, group_size,
-                              (comps, lps, ents, reasons), skipped, t0, _tree_rss_gb())
+        for out in outs:
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)
+                logp, ent = token_stats(toks, c.logprobs, self.top_k)
+                comps.append(toks)
+                lps.append(logp)
+                ents.append(ent)
+                reasons.append("stop" if c.finish_reason == "stop" else "length")
+        return comps, lps, ents, reasons
 
     # ---- GPU memory sharing (CUDA only) --------------------------------------------------
     def sleep(self, level: int = 1) -> None:

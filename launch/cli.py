@@ -25,6 +25,7 @@ ALIASES = {
     "--model": "model.name",
     "--wandb-project": "run.wandb_project",
     "--max-staleness": "rollout.max_staleness",
+    "--steps-per-call": "rollout.steps_per_call",
 }
 
 

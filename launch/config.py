@@ -104,6 +104,8 @@ class RolloutConfig:
     """nucleus sampling mass"""
     max_staleness: int = 1
     """rollouts may use weights this many versions behind the learner (0 = synchronous)"""
+    steps_per_call: int = 1
+    """steps one generate call serves (F; one bigger decode batch); max_staleness >= 2F-1"""
     call_timeout_s: float = 900.0
     """a rollout call slower than this marks the worker dead (seconds)"""
     reward_timeout_s: float = 2.0
@@ -125,6 +127,12 @@ class RolloutConfig:
         _range("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)
         _range("rollout.top_p", self.top_p, 0.0, 1.0, lo_open=True)
         _int("rollout.max_staleness", self.max_staleness, 0, 16)
+        _int("rollout.steps_per_call", self.steps_per_call, 1, 8)
+        if self.steps_per_call - 1 > self.max_staleness:  # 2F-1 keeps workers busy; F-1 runs
+            raise ConfigError(
+                f"rollout.steps_per_call={self.steps_per_call} needs rollout.max_staleness >= "
+                f"{self.steps_per_call - 1} (the last step of a call is that many versions "
+                f"behind); got max_staleness={self.max_staleness}")
         _range("rollout.call_timeout_s", self.call_timeout_s, 0.0, lo_open=True)
         _range("rollout.reward_timeout_s", self.reward_timeout_s, 0.0, lo_open=True)
         _range("rollout.format_weight", self.format_weight, 0.0, 10.0)

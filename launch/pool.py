@@ -41,6 +41,8 @@ class Share:
     """the actor handle the share was last launched on"""
     group_size: int = 0
     sampling: dict | None = None
+    part: int | None = None
+    """set when `ref` is a multi-step call (`submit_steps`): this share's index in its list"""
 
 
 @dataclass
@@ -114,22 +116,44 @@ class WorkerPool:
 
         `group_size` and `sampling` override the config's G and sampling (e.g. for SENT).
         """
+        shares = self._shares(prompts, seed, group_size, sampling)
+        for share in shares:
+            self._launch(share)
+        return Pending(step, shares)
+
+    def submit_steps(self, steps: list[tuple[int, list[dict], int]]) -> dict[int, Pending]:
+        """Several steps' (step, prompts, seed) in one generate call per worker: {step: Pending}.
+
+        Each step is split over the workers as `submit` splits it, and each share keeps its
+        own seed, so a share re-run alone after a fault gives the same completions.
+        """
+        if len(steps) == 1:
+            step, prompts, seed = steps[0]
+            return {step: self.submit(step, prompts, seed)}
+        pending = {step: Pending(step, self._shares(prompts, seed, None, None))
+                   for step, prompts, seed in steps}
+        for i, worker in enumerate(self.workers):
+            mine = [s for p in pending.values() for s in p.shares if s.worker == i]
+            if not mine:
+                continue
+            ref = worker.generate_steps.remote(
+                [(s.prompts, s.group_size, {**s.sampling, "seed": s.seed}) for s in mine])
+            for part, share in enumerate(mine):
+                share.ref, share.actor, share.part = ref, worker, part
+        return pending
+
+    def _shares(self, prompts: list[dict], seed: int, group_size: int | None,
+                sampling: dict | None) -> list[Share]:
         n = len(self.workers)
         bounds = [round(j * len(prompts) / n) for j in range(n + 1)]
-        shares = []
-        for i in range(n):
-            part = prompts[bounds[i]: bounds[i + 1]]
-            if part:
-                share = Share(i, part, seed * 1000 + i, self.versions[i],
-                              group_size=group_size or self.cfg.rollout.group_size,
-                              sampling=dict(sampling or {}))
-                self._launch(share)
-                shares.append(share)
-        return Pending(step, shares)
+        return [Share(i, prompts[bounds[i]: bounds[i + 1]], seed * 1000 + i, self.versions[i],
+                      group_size=group_size or self.cfg.rollout.group_size,
+                      sampling=dict(sampling or {}))
+                for i in range(n) if bounds[i + 1] > bounds[i]]
 
     def _launch(self, share: Share) -> None:
         sampling = {**(share.sampling or {}), "seed": share.seed}
-        share.actor = self.workers[share.worker]
+        share.actor, share.part = self.workers[share.worker], None
         share.ref = share.actor.generate.remote(share.prompts, share.group_size, sampling)
 
     def collect(self, pending: Pending) -> RolloutBatch:
@@ -140,6 +164,8 @@ class WorkerPool:
             share = todo.pop(0)
             try:
                 result = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
+                if share.part is not None:
+                    result = result[share.part]
                 if not self._settle_pushes(share.worker) or result.version != share.version:
                     log.warning("worker %d generated step %d with version %d, not %d; re-running"
                                 " its share", share.worker, pending.step, result.version,
@@ -170,6 +196,8 @@ class WorkerPool:
                 continue
             try:
                 ray.get(ref)
+            except RayActorError:
+                continue  # a dead worker: its next rollout fails and `_recover` replaces it
             except RayTaskError as e:
                 log.warning("worker %d failed to load version %d (%s); retrying", i, version,
                             _reason(e))

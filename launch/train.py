@@ -13,9 +13,11 @@ As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `ro
         python -m launch.train --preset cpu-demo
 
 Data flow of step k: prompts k -> workers generate G completions each and verify them ->
-group-normalised advantages -> Learner.train_step -> export once into the object store ->
-every worker loads that ref. Rollouts for step k use weights version max(0, k - max_staleness),
-so with staleness 1 the rollout of step k+1 runs while the learner trains on step k.
+group-normalised advantages -> Learner.train_step; before the next rollout launch the newest
+weights are exported once into the object store and every worker loads that ref. Rollouts for
+step k use weights version >= k - max_staleness, so with staleness 1 the rollout of step k+1
+runs while the learner trains on step k. With rollout.steps_per_call = F, F consecutive steps
+share one generate call (one bigger decode batch); max_staleness >= 2F - 1 keeps it overlapped.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class Trainer:
                                first_bundle=self.layout.worker_bundles[0], tag=self.tag)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
+        self.learner_version = 0  # the learner's weights version; workers get it lazily (_fill)
         if cfg.curriculum.sent:
             self._sent_orders()
         ckpts = run_io.list_checkpoints(run_dir) if resume else []
@@ -155,6 +158,7 @@ class Trainer:
         version = ray.get(self.learner.load.remote(ckpt))
         if version > 0:
             self.pool.push(self.learner.export.remote(), version)
+        self.learner_version = version
         self.start = state["step"]
         self.pool.restarts = state["restarts"]
         self.pending = dict(state["pending"])
@@ -171,14 +175,43 @@ class Trainer:
             log.info("SENT order for stage %d (%s-%d)%s", i, stage.task, stage.level,
                      " from cache" if cached else "")
 
-    def _fill(self, k: int) -> None:
-        """Launch rollouts k .. k+staleness not yet in flight, at the workers' current version."""
-        last = min(k + self.cfg.rollout.max_staleness, self.cfg.run.steps - 1)
-        for j in range(k, last + 1):
-            if j not in self.pending:
+    def _fill(self, k: int) -> float:
+        """Launch the rollouts step k may start: steps up to k + max_staleness, in calls of
+        steps_per_call consecutive steps (a call is launched only when all its steps are within
+        the staleness bound). Pushes the learner's newest weights first; returns the sync time.
+        """
+        r, n = self.cfg.rollout, self.cfg.run.steps
+        nxt = max([j for j in self.pending if j >= k], default=k - 1) + 1
+        sync_s = 0.0
+        while nxt < n:
+            chunk = list(range(nxt, min(nxt + r.steps_per_call, n)))
+            if chunk[-1] > k + r.max_staleness:
+                break
+            sync_s += self.sync_weights()
+            items = []
+            for j in chunk:
                 stage, prompts = self.curriculum.prompts(j)
-                work = self.pool.submit(j, prompts, seed=self.cfg.run.seed * 100_003 + j)
-                self.pending[j] = Slot(stage, prompts, work)
+                items.append((j, prompts, self.cfg.run.seed * 100_003 + j, stage))
+            works = self.pool.submit_steps([(j, p, seed) for j, p, seed, _ in items])
+            for j, prompts, _, stage in items:
+                self.pending[j] = Slot(stage, prompts, works[j])
+            nxt = chunk[-1] + 1
+        return sync_s
+
+    def sync_weights(self) -> float:
+        """Export the learner's newest weights once and queue them on every worker (if the
+        workers lack them); returns the seconds spent.
+
+        The driver calls it only before a launch and at the end, so a version no rollout uses
+        is never exported or loaded: with steps_per_call > 1 most versions are skipped.
+        """
+        if self.pool.version >= self.learner_version:
+            return 0.0
+        t0 = time.perf_counter()
+        payload = self.learner.export.remote()
+        ray.wait([payload])  # export into the object store; workers load it in their queue
+        self.pool.push(payload, self.learner_version)
+        return time.perf_counter() - t0
 
     def _rollout(self, k: int) -> Slot:
         slot = self.pending.pop(k)
@@ -208,10 +241,10 @@ class Trainer:
     def step(self, k: int) -> dict:
         """Rollout k (launched earlier when staleness allows) -> GRPO update -> weight push."""
         cfg, t0 = self.cfg, time.perf_counter()
-        self._fill(k)
+        t_sync = self._fill(k)
         slot = self._rollout(k)
         rb = slot.work
-        t_roll = time.perf_counter() - t0
+        t_roll = time.perf_counter() - t0 - t_sync
         stage_stats = self._enter_stage(slot.stage) if slot.stage != self.trained_stage else {}
         if not rb.completion_ids:
             reasons = sorted({s["reason"] for s in rb.skipped})
@@ -221,13 +254,9 @@ class Trainer:
         t1 = time.perf_counter()
         metrics = ray.get(self.learner.train_step.remote(batch))
         t_learn = time.perf_counter() - t1
+        self.learner_version = metrics["weights/version"]
         self.curriculum.observe(float(np.mean(rb.correct)))
         self.stage_batches.append(batch)
-        t2 = time.perf_counter()
-        payload = self.learner.export.remote()
-        ray.wait([payload])  # export into the object store; workers load it in their queue
-        self.pool.push(payload, metrics["weights/version"])
-        t_sync = time.perf_counter() - t2
         row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics, **stage_stats,
                "curriculum/stage": slot.stage,
                "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
@@ -236,7 +265,7 @@ class Trainer:
                "memory/rss_gb": rb.rss_gb + metrics.pop("memory/learner_rss_gb") + rss_gb()}
         every = cfg.run.checkpoint_every
         if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
-            self._fill(k + 1)
+            row["time/sync_s"] += self._fill(k + 1)
             row["time/checkpoint_s"] = self.checkpoint(k + 1)
         row["time/step_s"] = time.perf_counter() - t0
         self.writer.log(row)
@@ -259,6 +288,7 @@ class Trainer:
         return time.perf_counter() - t0
 
     def finish(self, wall_s: float) -> dict:
+        self.sync_weights()  # the workers end on the final weights (e.g. to evaluate with them)
         final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
         rows = self.writer.metrics()
         tail = rows[-max(1, len(rows) // 5):]

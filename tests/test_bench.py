@@ -40,7 +40,8 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
     assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--json", str(out)]) == 0
     lines = report_lines(capsys.readouterr().out)
     assert lines[0].startswith("machine: ") and "trl " in lines[0]
-    assert lines[1].startswith("settings: ") and "max_staleness=1" in lines[1]
+    assert lines[1].startswith("settings: ")
+    assert "max_staleness=3, steps_per_call=2" in lines[1]  # the defaults, stated
     matches = [SYSTEM.fullmatch(line) for line in lines[-3:-1]]
     assert all(matches), lines
     assert [m.group(1) for m in matches] == ["trl", "ours"]
@@ -59,6 +60,14 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
         r = data["results"][name]
         assert len(r["step_s"]) == 2 and len(r["tokens"]) == 2  # warm-up + timed
         assert all(0 < t <= 16 * 8 for t in r["tokens"])
+
+
+def test_bad_rollout_settings_are_a_one_line_error_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--steps-per-call", "3", "--max-staleness", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "rollout.steps_per_call=3" in err and "max_staleness=1" in err
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ BAD_FIELDS = [
     (RolloutConfig, "temperature", 0.0, "rollout.temperature: must be in (0.0, 10.0]"),
     (RolloutConfig, "top_p", 1.5, "rollout.top_p"),
     (RolloutConfig, "max_staleness", -1, "rollout.max_staleness"),
+    (RolloutConfig, "steps_per_call", 0, "rollout.steps_per_call: must be in [1, 8]"),
     (RolloutConfig, "max_new_tokens", "64", "rollout.max_new_tokens: must be an integer"),
     (GRPOConfig, "lr", 0.0, "grpo.lr"),
     (GRPOConfig, "eps_low", 1.0, "grpo.eps_low"),
@@ -55,6 +56,13 @@ def test_bad_field_names_field_and_allowed_values(cls, field, value, msg):
         cls(**{field: value})
     assert msg in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_steps_per_call_needs_the_staleness_its_last_step_has():
+    with pytest.raises(ConfigError) as e:
+        RolloutConfig(steps_per_call=3, max_staleness=1)
+    assert "rollout.steps_per_call=3" in str(e.value) and "max_staleness=1" in str(e.value)
+    RolloutConfig(steps_per_call=3, max_staleness=2)  # every step of a call within the bound
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -53,6 +53,7 @@ def run_with_fault(cfg, run_dir, fault_at: int | None, sig=signal.SIGKILL):
                 for pid in trainer.pool.worker_pids():
                     os.kill(pid, sig)
             rows.append(trainer.step(k))
+        trainer.sync_weights()  # as run() does at the end
         versions = trainer.pool.worker_versions()
     finally:
         trainer.shutdown()
@@ -68,6 +69,17 @@ def test_killed_worker_is_replaced_and_nothing_is_lost(ray_cluster, tmp_path):
     for key in KEYS:
         assert [r[key] for r in faulty] == [r[key] for r in clean], key
     assert versions == [5]  # the replacement caught up with the newest weights
+
+
+def test_worker_killed_under_multi_step_calls_loses_nothing(ray_cluster, tmp_path):
+    cfg = dict(steps=6, max_staleness=3, steps_per_call=2)
+    clean, _ = run_with_fault(tiny(**cfg), tmp_path / "clean", None)
+    # killed before step 2, which launches the call for steps (4, 5): both shares re-run
+    faulty, versions = run_with_fault(tiny(**cfg), tmp_path / "kill", fault_at=2)
+    assert faulty[-1]["faults/worker_restarts"] == 1
+    for key in KEYS + ("rollout/version",):
+        assert [r[key] for r in faulty] == [r[key] for r in clean], key
+    assert versions == [6]
 
 
 def test_hung_worker_times_out_and_is_replaced(ray_cluster, tmp_path):

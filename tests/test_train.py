@@ -53,6 +53,16 @@ def test_tiny_run_end_to_end(ray_cluster, tmp_path, staleness):
     assert model.config.vocab_size == len(tok)
 
 
+def test_steps_per_call_launches_consecutive_steps_together(ray_cluster, tmp_path):
+    _, rows, versions = run_tiny(tmp_path, steps=6, max_staleness=3, steps_per_call=2)
+    assert [r["step"] for r in rows] == list(range(6))
+    # Calls (0,1) and (2,3) go out at the start with version 0; (4,5) only once its last step
+    # is within staleness 3, at step 2 with version 2. One step per call would give 1 for step 4.
+    assert [r["rollout/version"] for r in rows] == [0, 0, 0, 0, 2, 2]
+    assert all(k - r["rollout/version"] <= 3 for k, r in enumerate(rows))
+    assert versions == [6]  # run() ends with the workers on the final weights
+
+
 def test_wandb_offline_logging(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

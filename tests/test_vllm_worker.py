@@ -138,6 +138,19 @@ def test_generate_returns_well_formed_batch(worker, hf):
     assert max_diff(b.entropy, ents) < ATOL
 
 
+def test_generate_steps_decodes_several_calls_in_one_batch(worker):
+    calls = [(PROMPTS, G, {"seed": 3}), (PROMPTS[::-1], G, {"seed": 9})]
+    fused = worker.generate_steps(calls)
+    alone = [worker.generate(*call) for call in calls]
+    assert len(fused) == 2
+    for f, a in zip(fused, alone):
+        assert f.prompt_ids == a.prompt_ids and f.prompt_index == a.prompt_index
+        # each call keeps its own seeds, whatever it is batched with
+        assert f.completion_ids == a.completion_ids
+        assert max_diff(f.logprobs, a.logprobs) < ATOL
+        assert f.gen_time_s > 0 and f.version == a.version
+
+
 @pytest.mark.parametrize("mode", ["adapter", "merge"])
 def test_lora_update_changes_policy_and_matches_hf_merge(mode, request, hf, model_path, tmp_path):
     worker = request.getfixturevalue("adapter_worker" if mode == "adapter" else "worker")
@@ -248,6 +261,7 @@ def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path)
         trainer = Trainer(cfg, str(tmp_path))
         try:
             rows = [trainer.step(k) for k in range(3)]
+            trainer.sync_weights()  # as run() does at the end
             versions = trainer.pool.worker_versions()
         finally:
             trainer.shutdown()
