@@ -85,13 +85,15 @@ def test_two_workers_split_prompts(ray_cluster, tmp_path):
     assert all(r["rollout/tokens"] > 0 for r in rows)
 
 
-def test_resume_reproduces_uninterrupted_run(ray_cluster, tmp_path):
-    _, full, _ = run_tiny(tmp_path / "a", steps=6)
+@pytest.mark.parametrize("rollout", [{}, {"max_staleness": 3, "steps_per_call": 2}])
+def test_resume_reproduces_uninterrupted_run(ray_cluster, tmp_path, rollout):
+    _, full, _ = run_tiny(tmp_path / "a", steps=6, **rollout)
     # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6.
-    run_tiny(tmp_path / "b", steps=4)
+    run_tiny(tmp_path / "b", steps=4, **rollout)
     ckpts = sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith("ckpt-"))
     assert ckpts == ["ckpt-000002"]
-    _, resumed, _ = run_tiny(tmp_path / "b", steps=6, resume=True)
+    _, resumed, _ = run_tiny(tmp_path / "b", steps=6, resume=True, **rollout)
     assert [r["step"] for r in resumed] == list(range(6))
-    for key in ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version"):
+    for key in ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version",
+                "rollout/version"):
         assert [r[key] for r in resumed] == [r[key] for r in full], key
