@@ -315,12 +315,12 @@ class VLLMRolloutWorker:
         params = [p for enc in encoded for p in enc[4]]
         outs = (self.llm.generate(inputs, params, lora_request=self.lora_request, use_tqdm=False)
                 if inputs else [])
-        batches, start = [], 0
+        batches, start, rss = [], 0, _tree_rss_gb()
         for (prompts, group_size, _), (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
             sampled = self._sampled(outs[start: start + len(ins)])
             start += len(ins)
             batches.append(verified_batch(self, prompts, keep, prompt_ids, group_size, sampled,
-                                          skipped, t0, _tree_rss_gb()))
+                                          skipped, t0, rss))
         elapsed = time.perf_counter() - t0
         for b in batches:
             b.gen_time_s = elapsed / len(batches)

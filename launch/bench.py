@@ -98,9 +98,9 @@ class Settings:
     engine: str = "hf"
     """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
     max_staleness: int = 3
-    """ours: rollouts may lag the learner by this many versions (the cpu-demo preset's)"""
+    """ours: rollouts may lag the learner by this many versions (launch.train defaults to 1)"""
     steps_per_call: int = 2
-    """ours: steps one rollout call generates (the cpu-demo preset's)"""
+    """ours: steps one rollout call generates (launch.train defaults to 1)"""
 
     @property
     def total_steps(self) -> int:

@@ -188,12 +188,10 @@ class Trainer:
             if chunk[-1] > k + r.max_staleness:
                 break
             sync_s += self.sync_weights()
-            items = []
-            for j in chunk:
-                stage, prompts = self.curriculum.prompts(j)
-                items.append((j, prompts, self.cfg.run.seed * 100_003 + j, stage))
-            works = self.pool.submit_steps([(j, p, seed) for j, p, seed, _ in items])
-            for j, prompts, _, stage in items:
+            drawn = {j: self.curriculum.prompts(j) for j in chunk}  # j -> (stage, prompts)
+            seed = self.cfg.run.seed * 100_003
+            works = self.pool.submit_steps([(j, p, seed + j) for j, (_, p) in drawn.items()])
+            for j, (stage, prompts) in drawn.items():
                 self.pending[j] = Slot(stage, prompts, works[j])
             nxt = chunk[-1] + 1
         return sync_s
@@ -239,7 +237,8 @@ class Trainer:
         return self.finish(time.perf_counter() - t_start)
 
     def step(self, k: int) -> dict:
-        """Rollout k (launched earlier when staleness allows) -> GRPO update -> weight push."""
+        """Launch what staleness allows (pushing the newest weights first) -> rollout k ->
+        GRPO update."""
         cfg, t0 = self.cfg, time.perf_counter()
         t_sync = self._fill(k)
         slot = self._rollout(k)
