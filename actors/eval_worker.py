@@ -16,6 +16,7 @@ import ray
 import torch
 from tqdm import tqdm
 
+from actors.sampling import own_generation
 from launch.models import load_model, load_tokenizer, resolve_model
 from rewards import format_prompt
 
@@ -40,7 +41,12 @@ def load_for_eval(name_or_path: str, dtype: torch.dtype):
 @torch.no_grad()
 def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
                     batch_size: int = 32, desc: str = "eval", progress: bool = True) -> list[str]:
-    """Greedy completions for chat-formatted questions, batched, with a progress bar."""
+    """Greedy completions for chat-formatted questions, batched, with a progress bar.
+
+    Greedy on the model's plain distribution: the generation config is ours
+    (actors/sampling.py), so a repetition penalty in the checkpoint's own config does not apply.
+    """
+    config = own_generation(model, tokenizer, max_new_tokens, greedy=True)
     prompts = [format_prompt(tokenizer, q) for q in questions]
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
     out: list[str] = [""] * len(prompts)
@@ -49,8 +55,7 @@ def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
         idx = order[s: s + batch_size]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
                         add_special_tokens=False)
-        gen = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id)
+        gen = model.generate(**enc, generation_config=config)
         texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         for i, t in zip(idx, texts):
             out[i] = t

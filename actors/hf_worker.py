@@ -1,11 +1,18 @@
-"""CPU rollout worker: Hugging Face `generate`, behaviour log-probs, entropies, verified rewards.
+"""Rollout worker on Hugging Face `generate`: behaviour log-probs, entropies, verified rewards.
 
 A plain class; the launcher wraps it with `ray.remote(num_cpus=k)` and names the actor
 (`rollout-0`, ...). Interface shared with the vLLM worker: `set_weights`, `generate`, `ping`.
+
+On-policy by construction (README, "The on-policy invariant"): `generate` gets a complete
+GenerationConfig built from `rollout.*` alone (actors/sampling.py), the behaviour log-probs are
+recorded from the very scores that are sampled from, the LM head runs in fp32 even on a bf16
+body, a QLoRA policy is sampled from the learner's dequantised NF4 base, and a bf16 worker keeps
+LoRA unmerged (actors/weights.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -13,19 +20,54 @@ import numpy as np
 import psutil
 import ray
 import torch
-import torch.nn.functional as F
 
 from actors.prompts import encode_prompts, verified_batch
+from actors.sampling import (
+    BehaviourRecorder,
+    hf_generation_config,
+    model_overrides,
+    own_generation,
+    read_generation_config,
+)
 from actors.types import RolloutBatch
 from actors.weights import WeightApplier, check_version
+from common.quant import dequantized_nf4_weights
 from launch.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
 from rewards import VerifierPool
+
+log = logging.getLogger("homerl.rollout")
 
 
 def worker_dtype(dtype: str) -> torch.dtype:
     if dtype == "fp32" or (dtype == "auto" and not cpu_supports_bf16()):
         return torch.float32
     return torch.bfloat16
+
+
+def fp32_lm_head(model) -> None:
+    """Run the LM head in fp32 on a bf16 body: an untied fp32 copy of its weight and a
+    pre-hook casting its input, so the sampled distribution's logits are fp32 like the
+    learner's. A no-op for an fp32 model."""
+    head = model.get_output_embeddings()
+    if head.weight.dtype == torch.float32:
+        return
+    head.weight = torch.nn.Parameter(head.weight.detach().float().clone(), requires_grad=False)
+    if getattr(head, "bias", None) is not None:
+        head.bias = torch.nn.Parameter(head.bias.detach().float().clone(), requires_grad=False)
+    head.register_forward_pre_hook(lambda _m, args: (args[0].float(), *args[1:]))
+
+
+def load_base(cfg, path: str, dtype: torch.dtype):
+    """The worker's copy of the policy's base. With lora.mode=qlora the linear weights are
+    the dequantised NF4 weights the learner's 4-bit base holds (common/quant.py), so both
+    sample and score one policy; LoRA updates are merged on top of them."""
+    model = load_model(path, dtype=dtype)
+    if cfg.lora.mode == "qlora":
+        modules = dict(model.named_modules())
+        with torch.no_grad():
+            for key, w in dequantized_nf4_weights(path).items():
+                modules[key.removesuffix(".weight")].weight.copy_(w.to(dtype))
+    return model
 
 
 class HFRolloutWorker:
@@ -38,11 +80,20 @@ class HFRolloutWorker:
         torch.set_num_threads(threads)
         path = resolve_model(cfg.model.name)
         self.tokenizer = load_tokenizer(path)
-        self.model = load_model(path, dtype=worker_dtype(cfg.model.dtype))
+        self.model = load_base(cfg, path, worker_dtype(cfg.model.dtype))
         self.model.eval()
-        self.weights = WeightApplier(self.model)
+        fp32_lm_head(self.model)
+        # fp32: merge LoRA into the weights (decodes at base speed); bf16: keep it unmerged
+        self.weights = WeightApplier(self.model, merge=self.model.dtype == torch.float32)
         self.version = 0
         self.verifier = VerifierPool()
+        overridden = model_overrides(read_generation_config(path), cfg.rollout.temperature)
+        if overridden:
+            log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "
+                        "decides what is sampled", name, ", ".join(overridden))
+        # the model's own generation config made neutral too, for every caller of this model
+        self.eos_ids = own_generation(self.model, self.tokenizer,
+                                      cfg.rollout.max_new_tokens).eos_token_id
 
     def ping(self) -> dict:
         """Liveness plus where it runs (`node_id`: which cluster node holds this actor)."""
@@ -66,7 +117,11 @@ class HFRolloutWorker:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], group_size: int, sampling: dict):
-        """Left-pad, repeat each prompt G times, sample. Returns (completions, logp, entropy)."""
+        """Left-pad, repeat each prompt G times, sample. Returns (completions, logp, entropy).
+
+        The behaviour log-probs and entropies come from the scores that were sampled from
+        (`BehaviourRecorder`, the only logits processor), in fp32.
+        """
         pad = self.tokenizer.pad_token_id
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         width = max(len(r) for r in rows)
@@ -74,23 +129,19 @@ class HFRolloutWorker:
         attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])    # (N, P)
         torch.manual_seed(int(sampling.get("seed", 0)))
         temperature = float(sampling.get("temperature", self.cfg.rollout.temperature))
-        out = self.model.generate(
-            input_ids=input_ids, attention_mask=attn, do_sample=True,
-            temperature=temperature, top_p=float(sampling.get("top_p", self.cfg.rollout.top_p)),
-            top_k=0, max_new_tokens=int(sampling.get("max_new_tokens",
-                                                     self.cfg.rollout.max_new_tokens)),
-            output_logits=True, return_dict_in_generate=True, pad_token_id=pad)
+        max_new = int(sampling.get("max_new_tokens", self.cfg.rollout.max_new_tokens))
+        config = hf_generation_config(max_new, self.eos_ids, pad, greedy=temperature == 0)
+        config.return_dict_in_generate = True
+        recorder = BehaviourRecorder(temperature)
+        out = self.model.generate(input_ids=input_ids, attention_mask=attn,
+                                  generation_config=config, logits_processor=[recorder])
         gen = out.sequences[:, width:]                                               # (N, T)
-        logits = torch.stack(out.logits, dim=1).float() / temperature                 # (N, T, V)
-        logp_all = F.log_softmax(logits, dim=-1)                                      # (N, T, V)
-        logp = logp_all.gather(-1, gen[..., None]).squeeze(-1)                        # (N, T)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)                                # (N, T)
+        logp, entropy = recorder.finish(gen)                                         # (N, T)
         return gen, logp, entropy
 
     def _trim(self, gen, logp, entropy):
         """Cut each row after its first EOS (kept: the model must learn to stop)."""
-        eos = self.model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
+        eos_ids = set(self.eos_ids)
         comps, lps, ents, reasons = [], [], [], []
         for row, lp, ent in zip(gen.tolist(), logp, entropy):
             end = next((j + 1 for j, t in enumerate(row) if t in eos_ids), None)

@@ -23,11 +23,23 @@ offline API only:
   not reach the kernels). This follows vLLM's `examples/offline_inference/rlhf*.py` pattern
   (`worker_extension_cls` + `collective_rpc`), with the host-to-engine copy instead of NCCL.
 
+Sampling is ours alone (actors/sampling.py): the engine starts with `generation_config="vllm"`
+and every `SamplingParams` field that changes the distribution is set from `rollout.*`, so a
+model's own generation_config.json (a repetition penalty, top_k) cannot leak in; the worker
+logs once which of the model's settings it overrode.
+
 Behaviour log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, so the returned
-log-prob of the sampled token is log softmax(logits / temperature) - exactly what the HF worker
-and the learner compute - when top_p = 1 (all presets). With top_p < 1 it is the log-prob under
-the renormalised nucleus, i.e. the distribution actually sampled from. With temperature 0
-(greedy) it is log softmax(logits).
+log-prob of the sampled token is log softmax(logits / temperature) of the distribution actually
+sampled from - what the HF worker and the learner compute (truncation, top_p < 1 or top_k > 0,
+is refused by the config). vLLM's sampler converts the logits to fp32 before the softmax; its
+LM head itself runs in the model dtype (fp32 on CPU here, bf16 on a GPU), which is the part
+that is not fp32 on a bf16 GPU. With temperature 0 (greedy) it is log softmax(logits).
+
+QLoRA (`lora.mode=qlora`): the learner trains on an NF4 base, so the worker serves that base:
+it loads the dequantised NF4 weights (common/quant.py) into the engine at start and applies
+LoRA pushes on top of them (merged on CPU, `LoRARequest` adapters on CUDA). vLLM 0.32 no longer
+offers bitsandbytes quantisation (`quantization="bitsandbytes"` is refused as an unknown
+method), so the engine holds the dequantised base in the model dtype, not in 4 bits.
 
 Entropy: vLLM returns only the top-k log-probs per position (k = `ENTROPY_TOP_K` = 20), so the
 per-token entropy is that of the top-k distribution renormalised to sum 1,
@@ -73,6 +85,7 @@ import numpy as np
 import psutil
 
 from actors.prompts import encode_prompts, verified_batch
+from actors.sampling import model_overrides, read_generation_config, vllm_sampling_kwargs
 from actors.types import RolloutBatch
 from actors.vllm_setup import (
     check_head_size,
@@ -86,8 +99,11 @@ from actors.vllm_setup import (
     write_peft_adapter,
 )
 from actors.weights import check_version
+from common.quant import dequantized_nf4_weights
 from launch.models import load_tokenizer, resolve_model
 from rewards import VerifierPool
+
+log = logging.getLogger("homerl.rollout")
 
 VLLM_VERSION = "0.32.0"
 """the vLLM release this module was written and tested against"""
@@ -163,7 +179,7 @@ class VLLMRolloutWorker:
             # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
             seed=cfg.run.seed, enforce_eager=not cuda_available(),
             max_model_len=min(max_len, limit or max_len),
-            logprobs_mode="processed_logprobs", max_logprobs=-1,
+            logprobs_mode="processed_logprobs", max_logprobs=-1, generation_config="vllm",
             worker_extension_cls=EXTENSION, enable_prefix_caching=True,
             distributed_executor_backend="uni")
         if self.use_lora and not self.lora_merge:
@@ -171,9 +187,13 @@ class VLLMRolloutWorker:
                           max_cpu_loras=1)
         if cuda_available():  # untested here (no GPU on the development machine)
             kwargs.update(gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_sleep_mode=True)
-            if cfg.lora.mode == "qlora":  # serve the learner's NF4 base; bf16 would not fit 8 GB
-                kwargs["quantization"] = "bitsandbytes"  # (launch/plan.py)
         self.llm = LLM(**kwargs)
+        if cfg.lora.mode == "qlora":
+            self._load_nf4_base()
+        overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
+        if overridden:
+            log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "
+                        "decides what is sampled", name, ", ".join(overridden))
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs
         self.adapter_root = None  # temp dir of adapter directories (adapter mode, on first use)
@@ -204,6 +224,14 @@ class VLLMRolloutWorker:
         self.version = version
         self.last_load_s = time.perf_counter() - t0
         return version
+
+    def _load_nf4_base(self) -> None:
+        """QLoRA: serve the dequantised NF4 base the learner trains on (vLLM 0.32 has no
+        bitsandbytes quantisation); LoRA pushes are merged into it or served as adapters."""
+        base = dequantized_nf4_weights(self.path)
+        self.llm.collective_rpc("homerl_load_weights", args=(base,))
+        self.llm.reset_prefix_cache()
+        self.base_override = base
 
     def _load_lora(self, payload: dict, version: int) -> None:
         from vllm.lora.request import LoRARequest
@@ -289,10 +317,10 @@ class VLLMRolloutWorker:
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=group_size, seed=seed,
-            temperature=float(sampling.get("temperature", self.cfg.rollout.temperature)),
-            top_p=float(sampling.get("top_p", self.cfg.rollout.top_p)), top_k=0,
-            max_tokens=int(sampling.get("max_new_tokens", self.cfg.rollout.max_new_tokens)),
+            **vllm_sampling_kwargs(
+                float(sampling.get("temperature", self.cfg.rollout.temperature)),
+                int(sampling.get("max_new_tokens", self.cfg.rollout.max_new_tokens)),
+                seed, group_size),
             stop_token_ids=self.eos_ids, logprobs=self.top_k,
             flat_logprobs=True, detokenize=False)
 

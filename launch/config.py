@@ -101,7 +101,9 @@ class RolloutConfig:
     temperature: float = 1.0
     """sampling temperature (the learner uses the same one for log-probs)"""
     top_p: float = 1.0
-    """nucleus sampling mass"""
+    """nucleus sampling mass: only 1.0 (the learner scores the full distribution, see README)"""
+    top_k: int = 0
+    """top-k sampling: only 0 = all tokens (the learner scores the full distribution)"""
     max_staleness: int = 1
     """rollouts may use weights this many versions behind the learner (0 = synchronous)"""
     steps_per_call: int = 1
@@ -126,6 +128,16 @@ class RolloutConfig:
         _int("rollout.max_prompt_tokens", self.max_prompt_tokens, 8, 131072)
         _range("rollout.temperature", self.temperature, 0.0, 10.0, lo_open=True)
         _range("rollout.top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        if self.top_p != 1.0:
+            raise ConfigError(
+                f"rollout.top_p: must be 1.0 (a truncated sampling distribution would make the "
+                f"behaviour log-probs differ from the learner's full-distribution ones); "
+                f"got {self.top_p!r}")
+        _int("rollout.top_k", self.top_k, 0)
+        if self.top_k != 0:
+            raise ConfigError(
+                f"rollout.top_k: must be 0 (all tokens; a truncated sampling distribution would "
+                f"make the behaviour log-probs differ from the learner's); got {self.top_k!r}")
         _int("rollout.max_staleness", self.max_staleness, 0, 16)
         _int("rollout.steps_per_call", self.steps_per_call, 1, 8)
         if self.steps_per_call - 1 > self.max_staleness:  # 2F-1 keeps workers busy; F-1 runs
@@ -154,7 +166,9 @@ class GRPOConfig:
     beta: float = 0.0
     """KL(k3) coefficient beta to the reference policy (0 disables, no reference pass)"""
     loss_agg: str = "token_mean"
-    """loss aggregation: token_mean (DAPO) or seq_mean (GRPO)"""
+    """loss normaliser: token_mean (selected tokens), token_mean_all, seq_mean, dr_grpo"""
+    dual_clip_c: float = -1.0
+    """dual-clip c > 1 for negative advantages; 0 off; -1 auto (3 if max_staleness > 0)"""
     adv_scale: str = "std"
     """advantage scaling: std (GRPO, (r-mean)/(std+eps)) or none (Dr.GRPO, r-mean)"""
     entropy_rho: float = 0.2
@@ -169,10 +183,27 @@ class GRPOConfig:
         _range("grpo.eps_low", self.eps_low, 0.0, 1.0, lo_open=True, hi_open=True)
         _range("grpo.eps_high", self.eps_high, 0.0, 10.0, lo_open=True)
         _range("grpo.beta", self.beta, 0.0)
-        _choice("grpo.loss_agg", self.loss_agg, ("token_mean", "seq_mean"))
+        _choice("grpo.loss_agg", self.loss_agg,
+                ("token_mean", "token_mean_all", "seq_mean", "dr_grpo"))
+        _range("grpo.dual_clip_c", self.dual_clip_c, -1.0)
+        if self.dual_clip_c not in (-1.0, 0.0) and not self.dual_clip_c > 1.0:
+            raise ConfigError(f"grpo.dual_clip_c: must be -1 (auto), 0 (off) or > 1; "
+                              f"got {self.dual_clip_c!r}")
         _choice("grpo.adv_scale", self.adv_scale, ("std", "none"))
         _range("grpo.entropy_rho", self.entropy_rho, 0.0, 1.0, lo_open=True)
         _int("grpo.micro_batch", self.micro_batch, 1)
+
+
+@dataclass
+class RewardConfig:
+    overlong: str = "keep"
+    """completions cut at max_new_tokens: keep, mask (no loss), soft_penalty (DAPO shaping)"""
+    overlong_buffer: float = 0.25
+    """soft_penalty: share of max_new_tokens over which the penalty ramps from 0 to -1"""
+
+    def __post_init__(self):
+        _choice("reward.overlong", self.overlong, ("keep", "mask", "soft_penalty"))
+        _range("reward.overlong_buffer", self.overlong_buffer, 0.0, 1.0, lo_open=True)
 
 
 @dataclass
@@ -248,10 +279,17 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     ewc: EWCConfig = field(default_factory=EWCConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     run: RunConfig = field(default_factory=RunConfig)
     preset: str = "custom"
+
+    def dual_clip_c(self) -> float:
+        """grpo.dual_clip_c resolved: -1 (auto) is 3 when rollouts may be stale, else off."""
+        if self.grpo.dual_clip_c >= 0:
+            return self.grpo.dual_clip_c
+        return 3.0 if self.rollout.max_staleness > 0 else 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

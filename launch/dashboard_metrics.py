@@ -1,6 +1,6 @@
 """Per-step metrics on the Ray dashboard (Metrics tab) and its Prometheus endpoint.
 
-The driver already builds one metrics row per step for metrics.jsonl; `record(row)` mirrors five
+The driver already builds one metrics row per step for metrics.jsonl; `record(row)` mirrors ten
 of its keys into `ray.util.metrics`, tagged with the run name, so a cluster's Grafana/Prometheus
 shows training next to Ray's own node and actor metrics:
 
@@ -8,6 +8,10 @@ shows training next to Ray's own node and actor metrics:
     homerl_step_seconds         gauge    time/step_s
     homerl_rollout_tokens_per_s gauge    rollout/tokens_per_s
     homerl_weights_version      gauge    weights/version
+    homerl_policy_logp_diff     gauge    policy/logp_diff (and _max: policy/logp_diff_max)
+    homerl_policy_staleness     gauge    policy/staleness
+    homerl_policy_ratio_mean    gauge    policy/ratio_mean
+    homerl_policy_clip_frac     gauge    policy/clip_frac
     homerl_worker_restarts      counter  faults/worker_restarts (exported as ..._total)
 
 Ray 2.60 exports them with a `ray_` prefix (`ray_homerl_reward_mean{run="..."}`).
@@ -23,6 +27,13 @@ GAUGES = {
     "time/step_s": ("homerl_step_seconds", "wall time of the training step (s)"),
     "rollout/tokens_per_s": ("homerl_rollout_tokens_per_s", "rollout generation tokens/s"),
     "weights/version": ("homerl_weights_version", "policy weights version after the step"),
+    "policy/logp_diff": ("homerl_policy_logp_diff",
+                         "mean |learner - behaviour log-prob| of the trained tokens"),
+    "policy/logp_diff_max": ("homerl_policy_logp_diff_max",
+                             "largest |learner - behaviour log-prob| of the step"),
+    "policy/staleness": ("homerl_policy_staleness", "learner version - rollout version"),
+    "policy/ratio_mean": ("homerl_policy_ratio_mean", "mean importance ratio of trained tokens"),
+    "policy/clip_frac": ("homerl_policy_clip_frac", "share of trained tokens clipped"),
 }
 """row key -> (metric name, description) of each gauge"""
 

@@ -87,3 +87,39 @@ def save_tiny_model(path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def build_tiny_qwen2(seed: int = 0, init_std: float = 0.02):
+    """``(model, tokenizer)``: a tiny random Qwen2 (tied embeddings like Qwen2-0.5B, q/k/v
+    biases, 2 heads of 32 so vLLM's CPU attention can load it), deterministic in ``seed``.
+
+    ``init_std`` sets the weights' scale: 0.5 gives peaked next-token distributions (logits of
+    a few units), where a stray sampling setting changes what is sampled visibly.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=512,
+        tie_word_embeddings=True, initializer_range=init_std, use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    finish_generation_config(model, tokenizer)
+    return model.eval(), tokenizer
+
+
+def save_tiny_qwen2(path, seed: int = 0, init_std: float = 0.02,
+                    generation: dict | None = None) -> Path:
+    """Save the tiny random Qwen2 and its tokenizer to ``path``; ``generation`` adds settings
+    to its generation_config.json (as hub checkpoints ship them, e.g. a repetition_penalty)."""
+    model, tokenizer = build_tiny_qwen2(seed, init_std)
+    for key, value in (generation or {}).items():
+        setattr(model.generation_config, key, value)
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

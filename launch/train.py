@@ -50,6 +50,7 @@ from launch.sent import stage_order
 from learner.learner import Learner, TrainBatch
 from learner.losses import group_advantages, zero_std_fraction
 from rewards import DatasetError
+from rewards.shaping import overlong_penalty
 
 log = logging.getLogger("homerl.train")
 
@@ -66,13 +67,28 @@ def connect_ray(cfg: Config) -> None:
 
 
 def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
-    """Group-normalised advantages over each prompt's G completions."""
-    g = cfg.rollout.group_size
-    rewards = torch.as_tensor(rb.rewards, dtype=torch.float32).view(-1, g)      # (B, G)
+    """Group-normalised advantages over each prompt's G completions, after the overlong rule.
+
+    reward.overlong: keep (a cut completion is scored like any other; it rarely holds the
+    asked final answer, so it usually earns 0), mask (its reward still counts in its group's
+    mean and std, but its tokens get no loss: DAPO's overlong filtering), soft_penalty (DAPO's
+    length shaping added to every reward, rewards/shaping.py).
+    """
+    g, rule = cfg.rollout.group_size, cfg.reward.overlong
+    cut = np.array([r == "length" for r in rb.finish_reasons], dtype=bool)            # (N,)
+    rewards_np = np.asarray(rb.rewards, dtype=np.float32)
+    stats = {"rollout/truncated": int(cut.sum())}
+    if rule == "soft_penalty":
+        penalty = np.array([overlong_penalty(len(c), cfg.rollout.max_new_tokens,
+                                             cfg.reward.overlong_buffer)
+                            for c in rb.completion_ids], dtype=np.float32)
+        rewards_np = rewards_np + penalty
+        stats["reward/overlong_penalty"] = float(penalty.mean())
+    rewards = torch.as_tensor(rewards_np).view(-1, g)                              # (B, G)
     adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).view(-1)           # (B*G,)
     batch = TrainBatch(rb.prompt_ids, rb.completion_ids, rb.logprobs, rb.entropy,
-                       adv.numpy())
-    return batch, {"adv/zero_std_frac": zero_std_fraction(rewards)}
+                       adv.numpy(), keep=~cut if rule == "mask" else None, version=rb.version)
+    return batch, {"adv/zero_std_frac": zero_std_fraction(rewards), **stats}
 
 
 def rollout_worker_class(cfg: Config):

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import torch
 
-from learner import losses
+from learner import ewc, losses
 from learner.export import export_weights, save_final
 from learner.model import (
     build_policy,
@@ -42,6 +42,11 @@ class TrainBatch:
     """(N, T_i) per-token entropy of the rollout's sampling distribution"""
     advantages: np.ndarray
     """(N,) group-normalised advantages"""
+    keep: np.ndarray | None = None
+    """(N,) bool: sequences that count in the loss (None: all; reward.overlong=mask drops
+    completions cut at max_new_tokens)"""
+    version: int = -1
+    """weights version the rollout sampled with (-1: unknown); staleness = learner's - this"""
 
 
 def _pad(rows: list, fill: float, width: int, dtype) -> torch.Tensor:
@@ -109,39 +114,36 @@ class Learner:
         g, t0 = self.cfg.grpo, time.perf_counter()
         T = max(len(c) for c in batch.completion_ids)
         mask = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
+        if batch.keep is not None:
+            mask &= torch.as_tensor(np.asarray(batch.keep, dtype=bool))[:, None]   # (N, T)
         entropy = _pad(batch.entropy, 0.0, T, torch.float32)                   # (N, T)
         old_logp = _pad(batch.old_logp, 0.0, T, torch.float32)                # (N, T)
         adv = torch.tensor(batch.advantages, dtype=torch.float32)               # (N,)
         sel = losses.entropy_topk_mask(entropy, mask, g.entropy_rho)            # (N, T)
-        # Normalisers over the whole step, so micro-batching leaves the loss unchanged.
-        n_tok = sel.sum().clamp(min=1)
-        n_seq = sel.any(1).sum().clamp(min=1)
+        # Normalised over the whole step, so micro-batching leaves the loss unchanged.
+        weights = losses.loss_weights(sel, mask, g.loss_agg, self.cfg.rollout.max_new_tokens)
         # With beta == 0 a zero-advantage sequence has zero gradient: skip its forward pass.
         active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or g.beta > 0)]
-        stats_sum: dict[str, float] = {}
+        stats = losses.LossStats()
         for idx in self._micro_batches(batch, active):
             logp, _ = self._forward_selected(self.model, batch, idx, sel)
             ref = self._ref_logp(batch, idx, sel) if g.beta > 0 else None
-            loss, stats = losses.grpo_loss(logp, old_logp[idx], adv[idx], sel[idx],
-                                           eps_low=g.eps_low, eps_high=g.eps_high,
-                                           agg=g.loss_agg, ref_logp=ref, beta=g.beta)
-            if g.loss_agg == "token_mean":
-                w = sel[idx].sum() / n_tok
-            else:
-                w = sel[idx].any(1).sum() / n_seq
-            (loss * w).backward()
-            for k, v in stats.items():
-                stats_sum[k] = stats_sum.get(k, 0.0) + float(v) * float(w)
-        ewc = self._ewc_backward()
+            loss, part = losses.grpo_loss(logp, old_logp[idx], adv[idx], weights[idx],
+                                          eps_low=g.eps_low, eps_high=g.eps_high,
+                                          dual_clip_c=self.cfg.dual_clip_c(), ref_logp=ref,
+                                          beta=g.beta)
+            loss.backward()
+            stats = stats + part
+        if not active:  # nothing trains: still measure learner vs behaviour log-probs
+            stats = self._probe_logp(batch, sel, old_logp)
+        ewc_loss = self._ewc_backward()
         grad_norm = self._clip_and_step()
         self.version += 1
         return {
-            "loss/policy": stats_sum.get("policy", 0.0),
-            "loss/kl": stats_sum.get("kl", 0.0),
-            "loss/ewc": ewc,
-            "policy/clip_frac": stats_sum.get("clip_frac", 0.0),
-            "policy/approx_kl": stats_sum.get("approx_kl", 0.0),
+            **stats.metrics(),
+            "loss/ewc": ewc_loss,
             "policy/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+            "policy/staleness": self.version - 1 - batch.version if batch.version >= 0 else 0,
             "grad/norm": grad_norm,
             "tokens/selected": int(sel.sum()),
             "tokens/completion": int(mask.sum()),
@@ -150,6 +152,16 @@ class Learner:
             "weights/version": self.version,
             "memory/learner_rss_gb": psutil.Process().memory_info().rss / 2**30,
         }
+
+    @torch.no_grad()
+    def _probe_logp(self, batch: TrainBatch, sel: torch.Tensor, old_logp: torch.Tensor):
+        """logp_diff on one micro-batch of selected tokens, for a step that trains nothing."""
+        idx = next(self._micro_batches(batch, [i for i in range(len(sel)) if sel[i].any()]),
+                   None)
+        if not idx:
+            return losses.LossStats()
+        logp, _ = self._forward_selected(self.model, batch, idx, sel)
+        return losses.logp_stats(logp, old_logp[idx], sel[idx])
 
     def _ref_logp(self, batch, idx, sel):
         with torch.no_grad():
@@ -163,7 +175,7 @@ class Learner:
     def _ewc_backward(self) -> float:
         if not self.fisher or self.cfg.ewc.lam == 0:
             return 0.0
-        penalty = losses.ewc_penalty(self.params, self.anchor, self.fisher, self.cfg.ewc.lam)
+        penalty = ewc.ewc_penalty(self.params, self.anchor, self.fisher, self.cfg.ewc.lam)
         penalty.backward()
         return float(penalty.detach())
 
@@ -177,12 +189,17 @@ class Learner:
 
     # ---- EWC -----------------------------------------------------------------------------
     def consolidate(self, batches: list[TrainBatch]) -> dict:
-        """Diagonal empirical Fisher of log pi(completion | prompt) over `batches`, then anchor.
+        """Diagonal empirical Fisher of the completions' log-likelihood, then anchor.
 
-        F_i = mean over sequences s of (d/d theta_i of the token-mean log pi of s)^2: one
-        backward per sequence. (Squaring the gradient of the whole batch's mean instead is
-        cheaper but shrinks F by about the batch size, as per-sequence gradients mostly cancel;
-        that made any sane lambda a no-op.) Online EWC: F <- gamma * F_prev + F_new.
+            F_i = 1/S sum_{s=1..S} ( d/d theta_i  log pi(y_s | x_s) )^2,
+            log pi(y_s | x_s) = sum_t log pi(y_s,t | x_s, y_s,<t)
+
+        over the S sampled sequences of `batches` (the first `ewc.fisher_batches`): one
+        backward per sequence. It is a mean over sequences, so it does not depend on how many
+        there are or how they were batched, and `ewc.lam` keeps its meaning when the batch
+        size changes. (Squaring the gradient of a whole batch's mean loss instead shrinks F
+        about S-fold, as per-sequence gradients mostly cancel.) Online EWC:
+        F <- gamma * F_prev + F_new.
         """
         t0 = time.perf_counter()
         new = {n: torch.zeros_like(p) for n, p in self.params.items()}
@@ -193,12 +210,12 @@ class Learner:
             sel = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
             for i in range(len(batch.completion_ids)):
                 logp, _ = self._forward_selected(self.model, batch, [i], sel)       # (1, T)
-                (logp.sum() / sel[i].sum()).backward()
+                logp.sum().backward()  # the sequence's log-likelihood
                 for n, p in self.params.items():
                     if p.grad is not None:
                         new[n] += p.grad.detach() ** 2 / count
                 self.opt.zero_grad(set_to_none=True)
-        self.fisher = losses.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
+        self.fisher = ewc.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
         self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
         total = sum(float(f.sum()) for f in self.fisher.values())
         return {"ewc/fisher_sum": total, "time/consolidate_s": time.perf_counter() - t0}

@@ -13,7 +13,15 @@ import os
 import torch
 import torch.nn.functional as F
 
+from common.quant import load_nf4_model
 from launch.models import cpu_supports_bf16, load_model, resolve_model
+from learner.prefix_cache import (
+    enable_checkpointing,
+    gathered,
+    read_cache,
+    record_cache,
+    supports_prefix_cache,
+)
 
 
 def pick_dtype(dtype: str) -> torch.dtype:
@@ -35,15 +43,8 @@ def build_policy(model_cfg, lora_cfg):
     """
     path = resolve_model(model_cfg.name)
     if lora_cfg.mode == "qlora":
-        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-        compute = pick_dtype(model_cfg.dtype)
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                   bnb_4bit_compute_dtype=compute,
-                                   bnb_4bit_use_double_quant=True)
-        device_map = {"": 0} if torch.cuda.is_available() else {"": "cpu"}
-        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quant,
-                                                     device_map=device_map)
+        model = load_nf4_model(path, pick_dtype(model_cfg.dtype),
+                               "cuda" if torch.cuda.is_available() else "cpu")
     else:
         # A frozen LoRA base needs no fp32 master copy: holding it in the compute dtype skips
         # autocast's per-forward weight casts (1.7x faster on one AMX core) and matches the
@@ -51,8 +52,7 @@ def build_policy(model_cfg, lora_cfg):
         base_dtype = pick_dtype(model_cfg.dtype) if lora_cfg.mode == "lora" else torch.float32
         model = load_model(path, dtype=base_dtype)
     if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_checkpointing(model)
     if lora_cfg.mode in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
@@ -87,8 +87,20 @@ def selected_logprobs(model, input_ids, attention_mask, pos_rows, pos_cols, targ
     decoder, head = decoder_and_head(model)
     with _autocast(input_ids.device, autocast_dtype):
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[pos_rows, pos_cols]).float() / temperature   # (K, V)
+    logits = head_fp32(head, hidden[pos_rows, pos_cols]) / temperature      # (K, V)
     return _target_logprobs(logits, targets)
+
+
+def head_fp32(head, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head in fp32 whatever the body's dtype (outside autocast): (K, H) -> (K, V).
+
+    bf16 logits carry ~3 significant digits, enough to move a log-prob by 1e-2; the rollout
+    workers compute theirs in fp32 too (actors/hf_worker.fp32_lm_head).
+    """
+    if type(head) is not torch.nn.Linear:  # an adapted or quantised head: its own forward
+        return head(hidden.float()).float()
+    bias = None if head.bias is None else head.bias.float()
+    return F.linear(hidden.float(), head.weight.float(), bias)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
@@ -120,11 +132,16 @@ def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[li
     gradients of the G copies add up) to the completions' forward cuts the learner's FLOPs by
     about (G - 1) / G of the prompt share. Prompts are left-padded so each one's last real
     token sits in the last column, whose hidden state predicts the first completion token.
+    The caches are replay-safe (learner/prefix_cache.py), so this works under gradient
+    checkpointing too. Models with sliding-window layers run the plain full-sequence forward.
 
     prompts, completions: (m, P_i), (m, T_i) token ids, no padding.
     rows, cols: (K,) selected completion tokens (sequence, index into its completion).
     Returns logp (K,), entropy (K,) in fp32, as `selected_logprobs`.
     """
+    if not supports_prefix_cache(model):
+        return _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature,
+                                       autocast_dtype)
     decoder, head = decoder_and_head(model)
     dev, out_dev = head.weight.device, rows.device
     uniq: dict[tuple, int] = {}
@@ -143,18 +160,36 @@ def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[li
     rows, cols = rows.to(dev), cols.to(dev)
     plen = p_mask.sum(1)[owner]                                                  # (m,)
     with _autocast(dev, autocast_dtype):
-        pre = decoder(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
-                      position_ids=(p_mask.cumsum(1) - 1).clamp(min=0))
-        cache = pre.past_key_values
-        cache.batch_select_indices(owner)                     # (U, ...) -> (m, ...)
+        recorded = record_cache()
+        # use_cache=False: our explicit caches are used all the same; True would only make
+        # checkpointed layers warn that they turn it off
+        pre = decoder(input_ids=p_ids, attention_mask=p_mask, past_key_values=recorded,
+                      use_cache=False, position_ids=(p_mask.cumsum(1) - 1).clamp(min=0))
+        prefix = read_cache(*gathered(recorded, owner))                         # (m, ...)
         hidden = decoder(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner], c_mask], 1),
-                         past_key_values=cache, use_cache=True,
+                         past_key_values=prefix, use_cache=False,
                          position_ids=plen[:, None] + torch.arange(T, device=dev)
                          ).last_hidden_state                                     # (m, T, H)
         # column t predicts completion token t: the prompt's last state, then completion states
         h_all = torch.cat([pre.last_hidden_state[owner, -1:], hidden[:, :-1]], 1)   # (m, T, H)
-        logits = head(h_all[rows, cols]).float() / temperature                       # (K, V)
+    logits = head_fp32(head, h_all[rows, cols]) / temperature                    # (K, V)
     logp, entropy = _target_logprobs(logits, c_ids[rows, cols])
+    return logp.to(out_dev), entropy.to(out_dev)
+
+
+def _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature,
+                            autocast_dtype):
+    """`shared_prefix_logprobs` without prefix sharing: each prompt+completion right-padded."""
+    dev, out_dev = decoder_and_head(model)[1].weight.device, rows.device
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    L = max(len(s) for s in seqs)
+    ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs], device=dev)      # (m, L)
+    attn = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=dev)
+    plen = torch.tensor([len(p) for p in prompts], device=dev)
+    rows, cols = rows.to(dev), cols.to(dev)
+    pos = plen[rows] + cols                                                      # (K,)
+    logp, entropy = selected_logprobs(model, ids, attn, rows, pos - 1, ids[rows, pos],
+                                      temperature, autocast_dtype)
     return logp.to(out_dev), entropy.to(out_dev)
 
 

@@ -14,6 +14,7 @@ from launch.config import (
     GRPOConfig,
     LoraConfig,
     ModelConfig,
+    RewardConfig,
     RolloutConfig,
     RunConfig,
 )
@@ -32,12 +33,18 @@ BAD_FIELDS = [
     (RolloutConfig, "num_workers", 0, "rollout.num_workers"),
     (RolloutConfig, "temperature", 0.0, "rollout.temperature: must be in (0.0, 10.0]"),
     (RolloutConfig, "top_p", 1.5, "rollout.top_p"),
+    (RolloutConfig, "top_p", 0.9, "rollout.top_p: must be 1.0"),
+    (RolloutConfig, "top_k", 20, "rollout.top_k: must be 0"),
     (RolloutConfig, "max_staleness", -1, "rollout.max_staleness"),
     (RolloutConfig, "steps_per_call", 0, "rollout.steps_per_call: must be in [1, 8]"),
     (RolloutConfig, "max_new_tokens", "64", "rollout.max_new_tokens: must be an integer"),
     (GRPOConfig, "lr", 0.0, "grpo.lr"),
     (GRPOConfig, "eps_low", 1.0, "grpo.eps_low"),
-    (GRPOConfig, "loss_agg", "sum", "grpo.loss_agg: must be one of token_mean, seq_mean"),
+    (GRPOConfig, "loss_agg", "sum",
+     "grpo.loss_agg: must be one of token_mean, token_mean_all, seq_mean, dr_grpo"),
+    (GRPOConfig, "dual_clip_c", 0.5, "grpo.dual_clip_c: must be -1 (auto), 0 (off) or > 1"),
+    (RewardConfig, "overlong", "drop", "reward.overlong: must be one of keep, mask, soft_penalty"),
+    (RewardConfig, "overlong_buffer", 0.0, "reward.overlong_buffer: must be in (0.0, 1.0]"),
     (GRPOConfig, "adv_scale", "z", "grpo.adv_scale: must be one of std, none"),
     (GRPOConfig, "entropy_rho", 0.0, "grpo.entropy_rho: must be in (0.0, 1.0]"),
     (GRPOConfig, "entropy_rho", float("nan"), "grpo.entropy_rho: must be a number"),
@@ -93,6 +100,18 @@ def test_every_field_has_a_docstring():
         assert not missing, f"{cls.__name__} fields without docstring: {missing}"
 
 
+def test_dual_clip_auto_follows_staleness():
+    cfg = get_preset("tiny")
+    cfg.rollout.max_staleness = 0
+    assert cfg.grpo.dual_clip_c == -1.0 and cfg.dual_clip_c() == 0.0
+    cfg.rollout.max_staleness = 1
+    assert cfg.dual_clip_c() == 3.0
+    cfg.grpo.dual_clip_c = 0.0
+    assert cfg.dual_clip_c() == 0.0
+    cfg.grpo.dual_clip_c = 5.0
+    assert cfg.dual_clip_c() == 5.0
+
+
 def test_cli_overrides_and_aliases():
     cfg, _ = parse_config(["--preset", "tiny", "--steps", "7", "--seed", "3",
                            "--rollout.group_size", "6", "--lora.mode", "full",
@@ -104,7 +123,8 @@ def test_cli_overrides_and_aliases():
 @pytest.mark.parametrize("argv,msg", [
     (["--preset", "nope"], "--preset: must be one of tiny, cpu-demo"),
     (["--rollout.group_size", "x"], "--rollout.group_size: must be int"),
-    (["--grpo.loss_agg", "sum"], "grpo.loss_agg: must be one of token_mean, seq_mean"),
+    (["--grpo.loss_agg", "sum"], "grpo.loss_agg: must be one of token_mean, token_mean_all"),
+    (["--rollout.top_p", "0.95"], "rollout.top_p: must be 1.0"),
     (["--bogus", "1"], "unrecognized arguments: --bogus"),
 ])
 def test_cli_errors_are_one_line(argv, msg):

@@ -52,13 +52,15 @@ def test_record_reaches_prometheus_endpoint(ray_with_metrics):
     port = ray_with_metrics
     dash = DashboardMetrics("metrics-test")
     row = {"reward/mean": 0.625, "time/step_s": 1.5, "rollout/tokens_per_s": 321.0,
-           "weights/version": 3, "faults/worker_restarts": 2}
+           "weights/version": 3, "faults/worker_restarts": 2, "policy/logp_diff": 2.5e-6,
+           "policy/staleness": 1}
     dash.record(row)
     m = _poll(port, r'^\S*homerl_reward_mean\{[^}]*run="metrics-test"[^}]*\} (\S+)$')
     assert float(m.group(1)) == pytest.approx(0.625)
     text = _scrape(port)
     for name, value in [("homerl_weights_version", 3.0), ("homerl_rollout_tokens_per_s", 321.0),
-                        ("homerl_worker_restarts_total", 2.0)]:
+                        ("homerl_worker_restarts_total", 2.0),
+                        ("homerl_policy_logp_diff", 2.5e-6), ("homerl_policy_staleness", 1.0)]:
         m = re.search(rf'^\S*{name}\{{[^}}]*run="metrics-test"[^}}]*\}} (\S+)$', text, re.M)
         assert m and float(m.group(1)) == pytest.approx(value), name
     print("\n".join(line for line in text.splitlines()

@@ -245,3 +245,112 @@ def test_forward_selected_trims_after_the_last_selected_token_without_changing_l
         n = int(sel[i].sum())
         torch.testing.assert_close(logp[i, :n], ref[:n], atol=1e-5, rtol=1e-5)
         assert torch.all(logp[i, n:] == 0)
+
+
+def _sgd_delta(learner, batch):
+    """Run train_step with SGD lr=1 and no clipping: the parameter change is -grad."""
+    learner.cfg.grpo.max_grad_norm = 0.0
+    learner.opt = torch.optim.SGD(learner.params.values(), lr=1.0)
+    before = {n: p.detach().clone() for n, p in learner.params.items()}
+    metrics = learner.train_step(batch)
+    return metrics, {n: before[n] - p.detach() for n, p in learner.params.items()}
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
+    """Checkpointed layers keep the shared-prefix KV hand-off (replay-safe caches)."""
+    batch = make_batch(8, seed=11)
+    batch.prompt_ids = [batch.prompt_ids[i // 4] for i in range(8)]  # 2 prompts x 4: shared
+    results = []
+    for gc in (False, True):
+        cfg = tiny_cfg(mode, entropy_rho=0.6)
+        cfg.model.gradient_checkpointing = gc
+        learner = Learner(cfg)
+        if gc:
+            layers = [m for m in learner.model.modules()
+                      if hasattr(m, "_can_checkpoint_with_cache")]
+            assert layers and all(m.gradient_checkpointing for m in layers)
+        learner.train_step(make_batch(seed=0))  # off the init (LoRA B = 0 there)
+        results.append(_sgd_delta(learner, batch))
+    (m0, d0), (m1, d1) = results
+    assert m0["tokens/active_seqs"] > 0 and m0["loss/policy"] != 0
+    assert m1["loss/policy"] == pytest.approx(m0["loss/policy"], rel=1e-5, abs=1e-7)
+    assert sum(float(d.abs().sum()) for d in d0.values()) > 0
+    for name in d0:
+        torch.testing.assert_close(d1[name], d0[name], atol=1e-6, rtol=1e-4)
+
+
+def test_gpu_8gb_learner_settings_run_one_step_on_cpu(tmp_path):
+    """The gpu-8gb preset's learner (NF4 QLoRA, bf16 compute, checkpointing, micro-batch 4)
+    with a tiny Qwen2 in place of the 1.5B model: one step, finite, adapters move."""
+    from launch.tiny_model import save_tiny_qwen2
+
+    cfg = get_preset("gpu-8gb")
+    cfg.model.name = str(save_tiny_qwen2(tmp_path / "qwen2"))
+    assert cfg.lora.mode == "qlora" and cfg.model.gradient_checkpointing
+    learner = Learner(cfg)
+    before = {n: p.detach().clone() for n, p in learner.params.items()}
+    batch = make_batch(8, seed=3)
+    batch.prompt_ids = [batch.prompt_ids[i // 4] for i in range(8)]
+    metrics = learner.train_step(batch)
+    assert np.isfinite(metrics["loss/policy"]) and metrics["grad/norm"] > 0
+    assert metrics["tokens/active_seqs"] > 0
+    assert any(not torch.equal(before[n], p) for n, p in learner.params.items())
+
+
+def test_fisher_does_not_depend_on_batch_size():
+    """F is a mean over sequences: 32 sequences in one batch or in four of 8 give the same F,
+    and 8 vs 32 sequences from one distribution agree within sampling noise (F of the batch's
+    mean loss would shrink ~4x from 8 to 32)."""
+    learner = Learner(tiny_cfg("lora"))
+    learner.train_step(make_batch(seed=0))
+    big = make_batch(32, seed=5)
+    parts = [TrainBatch(big.prompt_ids[i:i + 8], big.completion_ids[i:i + 8],
+                        big.old_logp[i:i + 8], big.entropy[i:i + 8], big.advantages[i:i + 8])
+             for i in range(0, 32, 8)]
+
+    def fisher_sum(batches):
+        learner.fisher = {}
+        learner.cfg.ewc.fisher_batches = len(batches)
+        learner.consolidate(batches)
+        return {n: f.clone() for n, f in learner.fisher.items()}
+
+    one, four = fisher_sum([big]), fisher_sum(parts)
+    for n in one:
+        torch.testing.assert_close(four[n], one[n], rtol=1e-4, atol=1e-10)
+    total_32 = sum(float(f.sum()) for f in one.values())
+    total_8 = sum(float(f.sum()) for f in fisher_sum([make_batch(8, seed=6)]).values())
+    assert 0.5 < total_8 / total_32 < 2.0, (total_8, total_32)
+
+
+def test_masked_sequences_get_no_gradient_and_do_not_count():
+    """TrainBatch.keep (reward.overlong=mask): a dropped sequence is out of the loss and of
+    the normaliser; the step equals the step on the kept sequences alone."""
+    batch = make_batch(6, seed=8)
+    keep = np.array([True, False, True, True, False, True])
+    masked = TrainBatch(batch.prompt_ids, batch.completion_ids, batch.old_logp,
+                        batch.entropy, batch.advantages, keep=keep)
+    alone = TrainBatch(*[[x for x, k in zip(col, keep) if k] for col in
+                         (batch.prompt_ids, batch.completion_ids, batch.old_logp,
+                          batch.entropy)], batch.advantages[keep])
+    results = []
+    for b in (masked, alone):
+        learner = Learner(tiny_cfg("full", entropy_rho=1.0))
+        results.append(_sgd_delta(learner, b))
+    (m0, d0), (m1, d1) = results
+    assert m0["tokens/completion"] == m1["tokens/completion"]
+    assert m0["loss/policy"] == pytest.approx(m1["loss/policy"], rel=1e-5)
+    for name in d0:
+        torch.testing.assert_close(d0[name], d1[name], atol=1e-7, rtol=1e-4)
+
+
+def test_logp_diff_is_measured_when_no_sequence_trains():
+    """All advantages 0: nothing trains, yet the learner still reports logp_diff (a probe)."""
+    learner = Learner(tiny_cfg("lora"))
+    batch = make_batch(4, seed=2)
+    batch.advantages[:] = 0
+    want = full_logprobs(learner.model, batch)
+    batch.old_logp = [w.detach().numpy() + 0.5 for w in want]  # behaviour off by exactly 0.5
+    metrics = learner.train_step(batch)
+    assert metrics["tokens/active_seqs"] == 0
+    assert metrics["policy/logp_diff"] == pytest.approx(0.5, abs=1e-4)

@@ -325,3 +325,21 @@ def test_cli_missing_file_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- overlong shaping
+
+
+def test_overlong_penalty_by_hand():
+    from rewards.shaping import overlong_penalty
+
+    # max 40 tokens, buffer 0.25 -> L_cache 10: no penalty up to 30, a ramp to -1 at 40
+    assert overlong_penalty(12, 40, 0.25) == 0.0
+    assert overlong_penalty(30, 40, 0.25) == 0.0
+    assert overlong_penalty(31, 40, 0.25) == pytest.approx(-0.1)
+    assert overlong_penalty(35, 40, 0.25) == pytest.approx(-0.5)
+    assert overlong_penalty(40, 40, 0.25) == pytest.approx(-1.0)
+    assert overlong_penalty(41, 40, 0.25) == -1.0
+    assert overlong_penalty(3, 4, 0.1) == 0.0 and overlong_penalty(4, 4, 0.1) == -1.0  # >= 1 token
+    with pytest.raises(ValueError, match="buffer_frac"):
+        overlong_penalty(3, 4, 0.0)

@@ -46,6 +46,10 @@ def test_tiny_run_end_to_end(ray_cluster, tmp_path, staleness):
     assert [r["weights/version"] for r in rows] == [1, 2, 3, 4]
     # Rollout k was generated with version max(0, k - staleness).
     assert [r["rollout/version"] for r in rows] == [max(0, k - staleness) for k in range(4)]
+    assert [r["policy/staleness"] for r in rows] == [k - max(0, k - staleness) for k in range(4)]
+    if staleness == 0:  # same weights on both sides: the engines' numerical mismatch alone
+        assert all(r["policy/logp_diff"] < 1e-3 for r in rows), [r["policy/logp_diff"]
+                                                                   for r in rows]
     assert versions == [4]  # the last push reached the worker
     for name in ("config.json", "summary.json", "curves.png", "samples.jsonl"):
         assert (tmp_path / name).exists(), name
@@ -97,3 +101,45 @@ def test_resume_reproduces_uninterrupted_run(ray_cluster, tmp_path, rollout):
     for key in ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version",
                 "rollout/version"):
         assert [r[key] for r in resumed] == [r[key] for r in full], key
+
+
+def _rollout(lengths, reasons, rewards):
+    import numpy as np
+
+    from actors.types import RolloutBatch
+
+    n = len(lengths)
+    return RolloutBatch(
+        prompt_ids=[[5, 6]] * n, completion_ids=[[7] * k for k in lengths],
+        logprobs=[np.zeros(k, np.float32) for k in lengths],
+        entropy=[np.ones(k, np.float32) for k in lengths], finish_reasons=reasons,
+        texts=[""] * n, prompt_index=[i // 4 for i in range(n)],
+        correct=np.zeros(n, np.float32), format_score=np.zeros(n, np.float32),
+        rewards=np.asarray(rewards, np.float32), reward_errors=[None] * n, version=3,
+        num_prompts=n // 4)
+
+
+@pytest.mark.parametrize("rule", ["keep", "mask", "soft_penalty"])
+def test_overlong_rules_shape_the_train_batch(rule):
+    """reward.overlong on one group of 4 (max_new_tokens 8, buffer 0.25: ramp over 7..8)."""
+    import numpy as np
+
+    from launch.train import to_train_batch
+
+    cfg = get_preset("tiny")
+    cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 8
+    cfg.reward.overlong = rule
+    rb = _rollout([3, 8, 7, 8], ["stop", "length", "stop", "length"], [1.0, 0.0, 1.0, 0.5])
+    batch, stats = to_train_batch(rb, cfg)
+    assert stats["rollout/truncated"] == 2 and batch.version == 3
+    if rule == "mask":
+        assert batch.keep.tolist() == [True, False, True, False]
+    else:
+        assert batch.keep is None
+    rewards = np.array([1.0, 0.0, 1.0, 0.5])
+    if rule == "soft_penalty":  # L_cache = 2 tokens: 7 -> -0.5, 8 -> -1
+        rewards += [0.0, -1.0, -0.5, -1.0]
+        assert stats["reward/overlong_penalty"] == pytest.approx(-2.5 / 4)
+    centered = rewards - rewards.mean()
+    want = centered / (rewards.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose(batch.advantages, want, rtol=1e-5)

@@ -1,0 +1,33 @@
+"""Reward shaping that depends on how a completion ended, not on what it says (pure Python).
+
+DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): with L_max = max_new_tokens and a
+buffer of L_cache tokens before it,
+
+    R_length(y) = 0                                  |y| <= L_max - L_cache
+                = ((L_max - L_cache) - |y|) / L_cache   L_max - L_cache < |y| <= L_max
+                = -1                                  |y| > L_max
+
+Our workers stop at L_max, so a completion cut there gets exactly -1 and the ramp shapes the
+ones that finished just before the limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def overlong_penalty(length: int, max_new_tokens: int, buffer_frac: float) -> float:
+    """R_length of a completion of `length` tokens (see the module docstring), in [-1, 0].
+
+    buffer_frac: L_cache as a share of max_new_tokens (at least one token).
+    """
+    if max_new_tokens < 1 or not 0.0 < buffer_frac <= 1.0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1 and "
+                         f"buffer_frac={buffer_frac} in (0, 1]")
+    cache = max(1, math.ceil(buffer_frac * max_new_tokens))
+    start = max_new_tokens - cache
+    if length <= start:
+        return 0.0
+    if length > max_new_tokens:
+        return -1.0
+    return (start - length) / cache
