@@ -11,7 +11,7 @@ from launch.config import ConfigError
 from launch.curriculum import PROMOTION_WINDOW, Curriculum, parse_stages
 from launch.presets import get_preset
 from launch.train import Trainer
-from learner.losses import ewc_penalty
+from learner.ewc import ewc_penalty
 from rewards.sent import answer_entropy, sent_order
 
 
