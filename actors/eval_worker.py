@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from actors.sampling import own_generation
-from launch.models import load_model, load_tokenizer, resolve_model
+from common.models import load_model, load_tokenizer, resolve_model
 from rewards import format_prompt
 
 

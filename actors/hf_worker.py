@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 import psutil
-import ray
 import torch
 
+from actors.base import RolloutWorker
 from actors.prompts import encode_prompts, verified_batch
 from actors.sampling import (
     BehaviourRecorder,
@@ -29,10 +29,10 @@ from actors.sampling import (
     own_generation,
     read_generation_config,
 )
-from actors.types import RolloutBatch
 from actors.weights import WeightApplier, check_version
+from common.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
-from launch.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
+from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
 from rewards import VerifierPool
 
 log = logging.getLogger("homerl.rollout")
@@ -70,7 +70,7 @@ def load_base(cfg, path: str, dtype: torch.dtype):
     return model
 
 
-class HFRolloutWorker:
+class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
     def __init__(self, cfg, name: str = "rollout-0"):
@@ -95,20 +95,14 @@ class HFRolloutWorker:
         self.eos_ids = own_generation(self.model, self.tokenizer,
                                       cfg.rollout.max_new_tokens).eos_token_id
 
-    def ping(self) -> dict:
-        """Liveness plus where it runs (`node_id`: which cluster node holds this actor)."""
-        return {"name": self.name, "version": self.version, "pid": os.getpid(),
-                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized()
-                else None}  # None: used as a plain class, outside Ray
-
-    def set_weights(self, payload: dict, version: int, rollback: bool = False) -> int:
-        """Load the learner's export for `version` (Ray resolves the ObjectRef to the payload).
+    def set_weights(self, update: WeightUpdate, version: int, rollback: bool = False) -> int:
+        """Load the learner's `update` for `version` (Ray resolves its ObjectRef).
 
         An older version than the one held is refused unless `rollback` (the driver re-running
         a failed share with the weights that share was launched with).
         """
-        check_version(self.name, payload, version, self.version, rollback)
-        self.weights.apply(payload)
+        check_version(self.name, update, version, self.version, rollback)
+        self.weights.apply(update)
         self.version = version
         return version
 
@@ -116,7 +110,7 @@ class HFRolloutWorker:
         return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[list[int]], group_size: int, sampling: dict):
+    def _sample(self, prompt_ids: list[list[int]], group_size: int, sampling: Sampling):
         """Left-pad, repeat each prompt G times, sample. Returns (completions, logp, entropy).
 
         The behaviour log-probs and entropies come from the scores that were sampled from
@@ -127,9 +121,10 @@ class HFRolloutWorker:
         width = max(len(r) for r in rows)
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])       # (N, P)
         attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])    # (N, P)
-        torch.manual_seed(int(sampling.get("seed", 0)))
-        temperature = float(sampling.get("temperature", self.cfg.rollout.temperature))
-        max_new = int(sampling.get("max_new_tokens", self.cfg.rollout.max_new_tokens))
+        torch.manual_seed(sampling.seed)
+        r = self.cfg.rollout
+        temperature = r.temperature if sampling.temperature is None else sampling.temperature
+        max_new = sampling.max_new_tokens or r.max_new_tokens
         config = hf_generation_config(max_new, self.eos_ids, pad, greedy=temperature == 0)
         config.return_dict_in_generate = True
         recorder = BehaviourRecorder(temperature)
@@ -152,18 +147,18 @@ class HFRolloutWorker:
             ents.append(ent[:end].numpy().astype(np.float32))
         return comps, lps, ents, reasons
 
-    def generate(self, prompts: list[dict], group_size: int, sampling: dict) -> RolloutBatch:
-        """G completions for each prompt {'question', 'answer', ...}, verified."""
+    def generate(self, call: RolloutCall) -> RolloutBatch:
+        """G completions for each prompt {'question', 'answer', ...} of `call`, verified."""
         t0 = time.perf_counter()
-        keep, skipped, prompt_ids = self._encode(prompts)
+        keep, skipped, prompt_ids = self._encode(call.prompts)
         comps, lps, ents, reasons = [], [], [], []
         if keep:
-            gen, logp, entropy = self._sample(prompt_ids, group_size, sampling)
+            gen, logp, entropy = self._sample(prompt_ids, call.group_size, call.sampling)
             comps, lps, ents, reasons = self._trim(gen, logp, entropy)
-        return verified_batch(self, prompts, keep, prompt_ids, group_size,
+        return verified_batch(self, call.prompts, keep, prompt_ids, call.group_size,
                               (comps, lps, ents, reasons), skipped, t0,
                               psutil.Process().memory_info().rss / 2**30)
 
-    def generate_steps(self, calls: list[tuple[list[dict], int, dict]]) -> list[RolloutBatch]:
-        """One RolloutBatch per (prompts, G, sampling) call, generated one after another."""
-        return [self.generate(*call) for call in calls]
+    def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
+        """One RolloutBatch per call, generated one after another."""
+        return [self.generate(call) for call in calls]

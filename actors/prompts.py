@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from actors.types import RolloutBatch
+from common.types import RolloutBatch
 from rewards import format_prompt
 
 

@@ -11,8 +11,9 @@ would be off-policy without a sign. So:
   model's config). The temperature is applied by `BehaviourRecorder`, the last logits processor,
   which also records the behaviour log-probs from the very scores that are sampled from, so a
   processor that slipped in anyway shows up as `policy/logp_diff` in the learner.
-* vLLM gets every `SamplingParams` field that changes the distribution (`vllm_sampling_kwargs`)
-  and the engine is started with `generation_config="vllm"` (vLLM's neutral defaults).
+* vLLM gets every `SamplingParams` field that changes the distribution
+  (`actors.vllm_engine.sampling_kwargs`) and the engine is started with
+  `generation_config="vllm"` (vLLM's neutral defaults).
 * `model_overrides` names the model's own settings that were overridden; workers log it once.
 
 Truncated distributions (top_p < 1, top_k > 0) are refused by the config (`rollout.top_p`,
@@ -66,14 +67,6 @@ def own_generation(model, tokenizer, max_new_tokens: int, greedy: bool = False):
                                   tokenizer.pad_token_id, greedy=greedy)
     model.generation_config = config
     return config
-
-
-def vllm_sampling_kwargs(temperature: float, max_tokens: int, seed: int, n: int) -> dict:
-    """Every vLLM SamplingParams field that changes the sampled distribution, set by us."""
-    return dict(n=n, seed=seed, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
-                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                logit_bias=None, allowed_token_ids=None, bad_words=None, min_tokens=0,
-                max_tokens=max_tokens)
 
 
 def model_overrides(model_config: dict, temperature: float) -> list[str]:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 
-from launch.models import cache_dir, cpu_supports_bf16
+from common.models import cache_dir, cpu_supports_bf16
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """the values vLLM accepts for max_lora_rank"""
@@ -98,16 +97,16 @@ def lora_rank(r: int) -> int:
     raise ValueError(f"lora.r: vLLM supports ranks up to {LORA_RANKS[-1]}; got {r}")
 
 
-def write_peft_adapter(payload: dict, out_dir: str, base_model: str) -> str:
-    """Write a LoRA payload (see learner/export.py) as a peft adapter directory.
+def write_peft_adapter(update, out_dir: str, base_model: str) -> str:
+    """Write a LoRA WeightUpdate as a peft adapter directory.
 
-    The payload's scale is folded into B (lora_alpha = r, so peft's scale alpha/r is 1); the
+    The update's scale is folded into B (lora_alpha = r, so peft's scale alpha/r is 1); the
     adapter vLLM loads is then exactly W0 + scale * B @ A.
     """
     import torch
     from safetensors.torch import save_file
 
-    tensors, scale = payload["tensors"], float(payload["scale"])
+    tensors, scale = update.tensors, float(update.scale)
     state, modules, rank = {}, set(), None
     for key, value in tensors.items():
         module, kind = key.rsplit(".", 1)  # kind: lora_A or lora_B
@@ -131,33 +130,6 @@ def write_peft_adapter(payload: dict, out_dir: str, base_model: str) -> str:
     return out_dir
 
 
-def save_tiny_vllm_model(path, seed: int = 0) -> Path:
-    """A tiny random Llama vLLM's CPU backend can load (head size 32, char tokenizer).
-
-    Like `tiny-random-llama` (2 layers, hidden 64, vocab 100) but with 2 heads of 32.
-    """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from launch.models import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=512,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    path = Path(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def check_head_size(path: str) -> None:
     from transformers import AutoConfig
 
@@ -167,7 +139,7 @@ def check_head_size(path: str) -> None:
         raise ValueError(
             f"model {path}: head size {head} is not supported by vLLM's CPU attention "
             f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))}); use rollout.engine=hf or a "
-            f"model such as actors.vllm_worker.save_tiny_vllm_model(DIR)")
+            f"model such as common.tiny_model.save_tiny_vllm_model(DIR)")
 
 
 def eos_ids(path: str, tokenizer) -> list[int]:
@@ -188,31 +160,3 @@ def max_positions(path: str) -> int | None:
     from transformers import AutoConfig
 
     return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
-
-
-def token_stats(tokens: list[int], flat, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sampled-token log-probs and (renormalised top-k) entropies from FlatLogprobs.
-
-    flat: vLLM's FlatLogprobs of one completion. Each position holds the top-k entries plus the
-    sampled token when it ranks below k (with `top_k == -1`: every token, the sampled one
-    possibly a second time).
-    """
-    lp_all = np.asarray(flat.logprobs, dtype=np.float64)
-    ids = np.asarray(flat.token_ids)
-    if top_k != -1:
-        ranks = np.asarray([r if r is not None else 1 << 30 for r in flat.ranks])
-    logp = np.empty(len(tokens), np.float32)
-    ent = np.empty(len(tokens), np.float32)
-    for t, tok in enumerate(tokens):
-        s, e = flat.start_indices[t], flat.end_indices[t]
-        seg_ids, seg_lp = ids[s:e], lp_all[s:e]
-        logp[t] = seg_lp[np.argmax(seg_ids == tok)]
-        if top_k == -1:
-            top = seg_lp[np.unique(seg_ids, return_index=True)[1]]
-        else:
-            top = seg_lp[ranks[s:e] <= top_k]
-        top = top[np.isfinite(top)]  # top_p < 1 masks tokens to -inf
-        q = np.exp(top - top.max()) if top.size else np.ones(1)
-        q /= q.sum()
-        ent[t] = float(-(q * np.log(np.maximum(q, 1e-300))).sum())
-    return logp, ent

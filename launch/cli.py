@@ -15,7 +15,7 @@ import inspect
 import sys
 import typing
 
-from launch.config import Config, ConfigError
+from common.config import Config, ConfigError
 from launch.presets import PRESETS, get_preset
 
 ALIASES = {

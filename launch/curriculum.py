@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from launch.config import ConfigError
+from common.config import ConfigError
 from rewards import make_task
 
 PROMOTION_WINDOW = 5

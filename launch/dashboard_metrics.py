@@ -22,18 +22,20 @@ from __future__ import annotations
 
 from ray.util.metrics import Counter, Gauge
 
+from common import metrics as M
+
 GAUGES = {
-    "reward/mean": ("homerl_reward_mean", "mean reward of the step's completions"),
-    "time/step_s": ("homerl_step_seconds", "wall time of the training step (s)"),
-    "rollout/tokens_per_s": ("homerl_rollout_tokens_per_s", "rollout generation tokens/s"),
-    "weights/version": ("homerl_weights_version", "policy weights version after the step"),
-    "policy/logp_diff": ("homerl_policy_logp_diff",
-                         "mean |learner - behaviour log-prob| of the trained tokens"),
-    "policy/logp_diff_max": ("homerl_policy_logp_diff_max",
-                             "largest |learner - behaviour log-prob| of the step"),
-    "policy/staleness": ("homerl_policy_staleness", "learner version - rollout version"),
-    "policy/ratio_mean": ("homerl_policy_ratio_mean", "mean importance ratio of trained tokens"),
-    "policy/clip_frac": ("homerl_policy_clip_frac", "share of trained tokens clipped"),
+    M.REWARD_MEAN: ("homerl_reward_mean", "mean reward of the step's completions"),
+    M.STEP_S: ("homerl_step_seconds", "wall time of the training step (s)"),
+    M.ROLLOUT_TOKENS_PER_S: ("homerl_rollout_tokens_per_s", "rollout generation tokens/s"),
+    M.WEIGHTS_VERSION: ("homerl_weights_version", "policy weights version after the step"),
+    M.LOGP_DIFF: ("homerl_policy_logp_diff",
+                  "mean |learner - behaviour log-prob| of the trained tokens"),
+    M.LOGP_DIFF_MAX: ("homerl_policy_logp_diff_max",
+                      "largest |learner - behaviour log-prob| of the step"),
+    M.STALENESS: ("homerl_policy_staleness", "learner version - rollout version"),
+    M.RATIO_MEAN: ("homerl_policy_ratio_mean", "mean importance ratio of trained tokens"),
+    M.CLIP_FRAC: ("homerl_policy_clip_frac", "share of trained tokens clipped"),
 }
 """row key -> (metric name, description) of each gauge"""
 
@@ -55,7 +57,7 @@ class DashboardMetrics:
             if row.get(key) is not None:
                 gauge.set(float(row[key]))  # float(): Gauge refuses numpy integer types
         # The row holds the run's cumulative count; a Prometheus counter takes increments.
-        total = int(row.get("faults/worker_restarts", self._restarts_seen))
+        total = int(row.get(M.RESTARTS, self._restarts_seen))
         if total > self._restarts_seen:
             self.restarts.inc(total - self._restarts_seen)
             self._restarts_seen = total

@@ -17,10 +17,10 @@ import time
 
 import torch
 
+from common.models import resolve_model
 from launch import run_io
 from launch.cli import parse_config
 from launch.evaluate import evaluate, load_for_eval
-from launch.models import resolve_model
 from launch.train import Trainer
 from rewards import make_task
 

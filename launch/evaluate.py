@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from actors.eval_worker import EvalWorker, completion_tokens, greedy_complete, load_for_eval
+from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
-from launch.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from rewards import DatasetError, VerifierPool, make_task
 
 __all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "score", "table"]

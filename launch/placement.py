@@ -20,7 +20,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from launch.config import Config, ConfigError
+from common.config import Config, ConfigError
 
 log = logging.getLogger("homerl.placement")
 
@@ -42,6 +42,11 @@ class Layout:
     def learner_strategy(self) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=self.learner_bundle)
+
+    def worker_strategy(self, i: int) -> PlacementGroupSchedulingStrategy:
+        """Rollout worker i's bundle (a replacement goes into the same one)."""
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=self.worker_bundles[i])
 
     def node_ids(self) -> list[str]:
         """Node id of each bundle, in bundle order (the learner's first)."""

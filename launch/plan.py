@@ -32,7 +32,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from launch.config import Config, ConfigError
+from common.config import Config, ConfigError
 from launch.presets import get_preset
 
 GiB = 2**30
@@ -90,7 +90,7 @@ def model_shapes(name: str) -> Shapes:
     try:
         from transformers import AutoConfig
 
-        from launch.models import resolve_model
+        from common.models import resolve_model
 
         c = AutoConfig.from_pretrained(resolve_model(name))
         heads = c.num_attention_heads

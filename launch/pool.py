@@ -3,18 +3,24 @@
 Used only by the driver. Prompts of a step are split into contiguous shares, one per worker;
 each share carries its own sampling seed, so a share re-generated on a replacement worker with
 the same weights gives the same completions: a worker death loses no step and duplicates none.
+
+Rollouts move by reference: a worker's `generate_split` returns each share's RolloutSummary and
+RolloutBatch as separate objects (`num_returns`); the driver fetches only the summaries and
+hands the batch ObjectRefs to the learner, so completions and log-probs cross the network once.
+The driver owns those objects (it submitted the task), so they outlive a worker that dies after
+returning them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.types import RolloutBatch
+from common.types import RolloutCall, RolloutSummary, Sampling
+from launch.placement import Layout
 
 log = logging.getLogger("homerl.pool")
 
@@ -33,16 +39,14 @@ class Share:
     """One worker's part of one step's rollout."""
 
     worker: int
-    prompts: list[dict]
-    seed: int
+    call: RolloutCall
     version: int
-    ref: ray.ObjectRef | None = None
+    summary: ray.ObjectRef | None = None
+    """ObjectRef of the share's RolloutSummary (the driver fetches it)"""
+    batch: ray.ObjectRef | None = None
+    """ObjectRef of the share's RolloutBatch (only the learner fetches it)"""
     actor: object = None
     """the actor handle the share was last launched on"""
-    group_size: int = 0
-    sampling: dict | None = None
-    part: int | None = None
-    """set when `ref` is a multi-step call (`submit_steps`): this share's index in its list"""
 
 
 @dataclass
@@ -54,25 +58,32 @@ class Pending:
 
 
 @dataclass
-class Slot:
-    """One step's rollout: its curriculum stage, prompts, and the work (in flight or done).
+class Rollout:
+    """A step's finished rollout as the driver holds it: summaries here, batches by reference."""
 
-    Lives here, not in launch/train.py, so checkpoints pickle it under an importable name.
-    """
+    summary: RolloutSummary
+    """the shares' summaries joined in order"""
+    batches: list[ray.ObjectRef]
+    """the shares' RolloutBatch refs, in the same order (for Learner.train_step)"""
+
+
+@dataclass
+class Slot:
+    """One step's rollout: its curriculum stage, prompts, and the work (in flight or done)."""
 
     stage: int
     prompts: list[dict]
-    work: Pending | RolloutBatch
+    work: Pending | Rollout
 
 
 class WorkerPool:
     """N rollout actors of one class, kept alive and at a known weight version."""
 
-    def __init__(self, cfg, worker_cls, placement_group=None, first_bundle: int = 1,
-                 tag: str = ""):
+    def __init__(self, cfg, worker_cls, layout: Layout | None = None, tag: str = ""):
+        """`layout`: where each worker goes (launch/placement.py); None: anywhere."""
         self.cfg, self.tag = cfg, tag
         self.remote_cls = ray.remote(worker_cls)
-        self.pg, self.first_bundle = placement_group, first_bundle
+        self.layout = layout
         self.payloads: dict[int, ray.ObjectRef] = {}  # version -> export ref in the object store
         self.version = 0
         self.restarts = 0
@@ -84,18 +95,18 @@ class WorkerPool:
     def _spawn(self, i: int):
         opts = {"num_cpus": self.cfg.rollout.threads_per_worker, "name": None,
                 "max_restarts": 0, "max_concurrency": 1}
-        if self.pg is not None:
-            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self.first_bundle + i)
+        if self.layout is not None:
+            opts["scheduling_strategy"] = self.layout.worker_strategy(i)
         name = f"rollout-{i}" + (f"-r{self.restarts}" if self.restarts else "")
         opts["name"] = f"{name}:{self.tag}" if self.tag else name
         return self.remote_cls.options(**opts).remote(self.cfg, name=name)
 
     # ---- weights -------------------------------------------------------------------------
     def push(self, payload_ref: ray.ObjectRef, version: int, initial: bool = False) -> None:
-        """Queue `version` on every worker (after whatever each is running now).
+        """Queue `version` (`payload_ref`: an ObjectRef of the learner's WeightUpdate) on
+        every worker, after whatever each is running now.
 
-        `initial`: only record the payload (workers already hold it, e.g. the base model),
+        `initial`: only record the update (workers already hold it, e.g. the base model),
         so a replacement can be given it later.
         """
         self.payloads[version] = payload_ref
@@ -111,10 +122,11 @@ class WorkerPool:
 
     # ---- rollouts ------------------------------------------------------------------------
     def submit(self, step: int, prompts: list[dict], seed: int, group_size: int | None = None,
-               sampling: dict | None = None) -> Pending:
+               sampling: Sampling | None = None) -> Pending:
         """Fan one step's prompts out over the workers at their current version.
 
-        `group_size` and `sampling` override the config's G and sampling (e.g. for SENT).
+        `group_size` and `sampling` override the config's G and sampling (e.g. for SENT); the
+        share seeds come from `seed`.
         """
         shares = self._shares(prompts, seed, group_size, sampling)
         for share in shares:
@@ -136,36 +148,37 @@ class WorkerPool:
             mine = [s for p in pending.values() for s in p.shares if s.worker == i]
             if not mine:
                 continue
-            ref = worker.generate_steps.remote(
-                [(s.prompts, s.group_size, {**s.sampling, "seed": s.seed}) for s in mine])
+            refs = worker.generate_split.options(num_returns=2 * len(mine)).remote(
+                [s.call for s in mine])
             for part, share in enumerate(mine):
-                share.ref, share.actor, share.part = ref, worker, part
+                share.summary, share.batch = refs[part], refs[len(mine) + part]
+                share.actor = worker
         return pending
 
     def _shares(self, prompts: list[dict], seed: int, group_size: int | None,
-                sampling: dict | None) -> list[Share]:
+                sampling: Sampling | None) -> list[Share]:
         n = len(self.workers)
         bounds = [round(j * len(prompts) / n) for j in range(n + 1)]
-        return [Share(i, prompts[bounds[i]: bounds[i + 1]], seed * 1000 + i, self.versions[i],
-                      group_size=group_size or self.cfg.rollout.group_size,
-                      sampling=dict(sampling or {}))
+        base = sampling or Sampling()
+        return [Share(i, RolloutCall(prompts[bounds[i]: bounds[i + 1]],
+                                     group_size or self.cfg.rollout.group_size,
+                                     replace(base, seed=seed * 1000 + i)), self.versions[i])
                 for i in range(n) if bounds[i + 1] > bounds[i]]
 
     def _launch(self, share: Share) -> None:
-        sampling = {**(share.sampling or {}), "seed": share.seed}
-        share.actor, share.part = self.workers[share.worker], None
-        share.ref = share.actor.generate.remote(share.prompts, share.group_size, sampling)
+        share.actor = self.workers[share.worker]
+        share.summary, share.batch = share.actor.generate_split.options(
+            num_returns=2).remote([share.call])
 
-    def collect(self, pending: Pending) -> RolloutBatch:
-        """Wait for every share; a dead or hung worker is replaced and its share re-run."""
-        results: dict[int, RolloutBatch] = {}
+    def collect(self, pending: Pending) -> Rollout:
+        """Wait for every share's summary; a dead or hung worker is replaced and its share
+        re-run. The batches stay in the object store (`Rollout.batches`)."""
+        results: dict[int, RolloutSummary] = {}
         todo = list(pending.shares)
         while todo:
             share = todo.pop(0)
             try:
-                result = ray.get(share.ref, timeout=self.cfg.rollout.call_timeout_s)
-                if share.part is not None:
-                    result = result[share.part]
+                result = ray.get(share.summary, timeout=self.cfg.rollout.call_timeout_s)
                 if not self._settle_pushes(share.worker) or result.version != share.version:
                     log.warning("worker %d generated step %d with version %d, not %d; re-running"
                                 " its share", share.worker, pending.step, result.version,
@@ -181,7 +194,8 @@ class WorkerPool:
                 todo.append(share)
             except RayTaskError:
                 raise  # a bug in the worker, not a fault: surface it
-        return RolloutBatch.concat([results[s.worker] for s in pending.shares])
+        return Rollout(RolloutSummary.concat([results[s.worker] for s in pending.shares]),
+                       [s.batch for s in pending.shares])
 
     def _settle_pushes(self, i: int) -> bool:
         """Check the pushes to worker i that have finished; False if one failed (now redone).

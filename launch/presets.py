@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from launch.config import (
+from common.config import (
     Config,
     ConfigError,
     CurriculumConfig,

@@ -5,7 +5,9 @@
     RUN_DIR/samples.jsonl    a few completions with their rewards every k steps
     RUN_DIR/summary.json     final figures
     RUN_DIR/curves.png       reward and accuracy per step
-    RUN_DIR/ckpt-000020/     checkpoints (written to .tmp-*, then renamed: never half-written)
+    RUN_DIR/ckpt-000020/     checkpoints (written to .tmp-*, then renamed: never half-written):
+                             learner.{safetensors,json} and driver.{safetensors,json}, plain
+                             state (common/state_io.py), no pickle
     RUN_DIR/final/           a checkpoint transformers/peft can load
 """
 
@@ -13,11 +15,47 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import time
+from dataclasses import dataclass, field
+
+from common.state_io import (
+    check_state,
+    load_state,
+    rollout_from_state,
+    rollout_to_state,
+    save_state,
+)
+from common.types import RolloutBatch
 
 CKPT_PREFIX = "ckpt-"
+DRIVER = "driver"
+"""file stem of the driver's part of a checkpoint"""
+
+
+@dataclass
+class PendingStep:
+    """A step whose rollout was generated before the checkpoint: kept so resume repeats it."""
+
+    stage: int
+    prompts: list[dict]
+    batches: list[RolloutBatch]
+    """the shares, in order"""
+
+
+@dataclass
+class DriverState:
+    """Everything the driver needs to resume (the learner saves its own part)."""
+
+    step: int
+    """the next step to train"""
+    restarts: int
+    """rollout workers replaced so far"""
+    curriculum: dict
+    """Curriculum.state_dict()"""
+    trained_stage: int
+    """curriculum stage of the last trained step"""
+    pending: dict[int, PendingStep] = field(default_factory=dict)
 
 
 def default_run_dir() -> str:
@@ -93,10 +131,9 @@ def checkpoint_tmp(run_dir: str, step: int) -> str:
     return path
 
 
-def commit_checkpoint(run_dir: str, tmp: str, step: int, driver_state: dict, keep: int) -> str:
+def commit_checkpoint(run_dir: str, tmp: str, step: int, state: DriverState, keep: int) -> str:
     """Write the driver state last, rename atomically, then prune old checkpoints."""
-    with open(os.path.join(tmp, "driver.pkl"), "wb") as f:
-        pickle.dump(driver_state, f)
+    save_driver_state(tmp, state)
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
         f.write(str(step))
     final = os.path.join(run_dir, f"{CKPT_PREFIX}{step:06d}")
@@ -116,9 +153,35 @@ def list_checkpoints(run_dir: str) -> list[str]:
     return [p for p in paths if os.path.exists(os.path.join(p, "COMPLETE"))]
 
 
-def load_driver_state(ckpt: str) -> dict:
-    with open(os.path.join(ckpt, "driver.pkl"), "rb") as f:
-        return pickle.load(f)
+def save_driver_state(directory: str, state: DriverState) -> None:
+    tensors, pending = {}, {}
+    for j, p in state.pending.items():
+        shares = []
+        for i, batch in enumerate(p.batches):
+            t, meta = rollout_to_state(f"pending.{j}.{i}", batch)
+            tensors.update(t)
+            shares.append(meta)
+        pending[str(j)] = {"stage": p.stage, "prompts": p.prompts, "shares": shares}
+    meta = {"step": state.step, "restarts": state.restarts, "curriculum": state.curriculum,
+            "trained_stage": state.trained_stage, "pending": pending}
+    save_state(directory, DRIVER, tensors, meta)
+
+
+def check_checkpoint(ckpt: str) -> None:
+    """Refuse an unreadable checkpoint in one line before any actor starts (headers only)."""
+    for name in (DRIVER, "learner"):
+        check_state(ckpt, name)
+
+
+def load_driver_state(ckpt: str) -> DriverState:
+    """The driver's state of a checkpoint; a CheckpointError (one line) if it is unreadable."""
+    tensors, meta = load_state(ckpt, DRIVER)
+    pending = {int(j): PendingStep(p["stage"], p["prompts"],
+                                   [rollout_from_state(f"pending.{j}.{i}", tensors, m)
+                                    for i, m in enumerate(p["shares"])])
+               for j, p in meta["pending"].items()}
+    return DriverState(meta["step"], meta["restarts"], meta["curriculum"],
+                       meta["trained_stage"], pending)
 
 
 def plot_curves(run_dir: str, rows: list[dict]) -> str | None:

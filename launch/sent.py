@@ -17,7 +17,8 @@ import sys
 
 from tqdm import tqdm
 
-from launch.models import cache_dir
+from common.models import cache_dir
+from common.types import Sampling
 from rewards.sent import answer_entropy, sent_order
 
 CHUNK = 8
@@ -44,10 +45,10 @@ def stage_order(pool, task, cfg, stage) -> tuple[list[int], bool]:
     for s in tqdm(range(0, n, CHUNK), desc=desc, unit="chunk", file=sys.stdout):
         chunk = samples[s: s + CHUNK]
         pending = pool.submit(-1, chunk, seed=cfg.run.seed * 7919 + s, group_size=m,
-                              sampling={"temperature": 1.0})
-        batch = pool.collect(pending)
+                              sampling=Sampling(temperature=1.0))
+        summary = pool.collect(pending).summary  # the batches are never fetched
         by_prompt: dict[int, list] = {i: [] for i in range(len(chunk))}
-        for i, ans in zip(batch.prompt_index, batch.answers):
+        for i, ans in zip(summary.prompt_index, summary.answers):
             by_prompt[i].append(ans)
         # A prompt the worker refused (too long) is hardest: it never gets picked early.
         entropies += [answer_entropy(a) if a else float("inf") for a in by_prompt.values()]

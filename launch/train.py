@@ -22,7 +22,6 @@ share one generate call (one bigger decode batch); max_staleness >= 2F - 1 keeps
 
 from __future__ import annotations
 
-import collections
 import importlib.util
 import json
 import logging
@@ -37,17 +36,19 @@ import torch
 from tqdm import tqdm
 
 from actors.hf_worker import HFRolloutWorker
-from actors.types import RolloutBatch
+from common import metrics as M
+from common.config import Config, ConfigError
+from common.models import ModelNotFoundError, resolve_model
+from common.state_io import CheckpointError
+from common.types import LearnerStep, RolloutSummary, TrainPlan
 from launch import run_io
 from launch.cli import parse_config
-from launch.config import Config, ConfigError
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
-from launch.models import ModelNotFoundError, resolve_model
 from launch.placement import make_placement
-from launch.pool import Slot, WeightSyncError, WorkerPool, kill_and_wait
+from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
 from launch.sent import stage_order
-from learner.learner import Learner, TrainBatch
+from learner.learner import Learner
 from learner.losses import group_advantages, zero_std_fraction
 from rewards import DatasetError
 from rewards.shaping import overlong_penalty
@@ -66,7 +67,7 @@ def connect_ray(cfg: Config) -> None:
     ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
 
 
-def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
+def plan_step(summary: RolloutSummary, cfg: Config) -> tuple[TrainPlan, dict]:
     """Group-normalised advantages over each prompt's G completions, after the overlong rule.
 
     reward.overlong: keep (a cut completion is scored like any other; it rarely holds the
@@ -75,20 +76,20 @@ def to_train_batch(rb: RolloutBatch, cfg: Config) -> tuple[TrainBatch, dict]:
     length shaping added to every reward, rewards/shaping.py).
     """
     g, rule = cfg.rollout.group_size, cfg.reward.overlong
-    cut = np.array([r == "length" for r in rb.finish_reasons], dtype=bool)            # (N,)
-    rewards_np = np.asarray(rb.rewards, dtype=np.float32)
-    stats = {"rollout/truncated": int(cut.sum())}
+    cut = np.array([r == "length" for r in summary.finish_reasons], dtype=bool)       # (N,)
+    rewards_np = np.asarray(summary.rewards, dtype=np.float32)
+    stats = {}
     if rule == "soft_penalty":
-        penalty = np.array([overlong_penalty(len(c), cfg.rollout.max_new_tokens,
+        penalty = np.array([overlong_penalty(int(n), cfg.rollout.max_new_tokens,
                                              cfg.reward.overlong_buffer)
-                            for c in rb.completion_ids], dtype=np.float32)
+                            for n in summary.lengths], dtype=np.float32)
         rewards_np = rewards_np + penalty
-        stats["reward/overlong_penalty"] = float(penalty.mean())
+        stats[M.REWARD_OVERLONG] = float(penalty.mean())
     rewards = torch.as_tensor(rewards_np).view(-1, g)                              # (B, G)
     adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).view(-1)           # (B*G,)
-    batch = TrainBatch(rb.prompt_ids, rb.completion_ids, rb.logprobs, rb.entropy,
-                       adv.numpy(), keep=~cut if rule == "mask" else None, version=rb.version)
-    return batch, {"adv/zero_std_frac": zero_std_fraction(rewards), **stats}
+    plan = TrainPlan(adv.numpy(), keep=~cut if rule == "mask" else None,
+                     version=summary.version)
+    return plan, {M.ADV_ZERO_STD: zero_std_fraction(rewards), **stats}
 
 
 def rollout_worker_class(cfg: Config):
@@ -108,33 +109,15 @@ def rss_gb(pid: int | None = None) -> float:
     return psutil.Process(pid).memory_info().rss / 2**30
 
 
-def rollout_metrics(rb: RolloutBatch) -> dict:
-    lengths = [len(c) for c in rb.completion_ids]
-    errors = [e for e in rb.reward_errors if e]
-    out = {
-        "reward/mean": float(np.mean(rb.rewards)),
-        "reward/correct": float(np.mean(rb.correct)),
-        "reward/format": float(np.mean(rb.format_score)),
-        "rollout/len_mean": float(np.mean(lengths)),
-        "rollout/stop_frac": float(np.mean([r == "stop" for r in rb.finish_reasons])),
-        "rollout/tokens": rb.num_tokens,
-        "rollout/tokens_per_s": rb.num_tokens / max(rb.gen_time_s, 1e-9),
-        "rollout/version": rb.version,
-        "rollout/skipped_prompts": len(rb.skipped),
-        "reward/errors": len(errors),
-    }
-    for code in sorted(set(errors)):
-        out[f"reward/error_{code}"] = errors.count(code)
-    return out
-
-
-def sample_rows(rb: RolloutBatch, prompts: list[dict], n: int = 4) -> list[dict]:
+def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
+    """samples.jsonl rows: the completions whose text the workers sent back."""
     rows = []
-    for i in range(min(n, len(rb.texts))):
-        p = prompts[rb.prompt_index[i]]
-        rows.append({"question": p["question"], "answer": p["answer"], "completion": rb.texts[i],
-                     "reward": float(rb.rewards[i]), "correct": float(rb.correct[i]),
-                     "error": rb.reward_errors[i]})
+    for i, text in zip(summary.sample_index or range(len(summary.sample_texts)),
+                       summary.sample_texts):
+        p = prompts[summary.prompt_index[i]]
+        rows.append({"question": p["question"], "answer": p["answer"], "completion": text,
+                     "reward": float(summary.rewards[i]), "correct": float(summary.correct[i]),
+                     "error": summary.reward_errors[i]})
     return rows
 
 
@@ -145,42 +128,47 @@ class Trainer:
         self.cfg, self.run_dir = cfg, run_dir
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
         self.trained_stage = 0
-        self.stage_batches: collections.deque = collections.deque(maxlen=cfg.ewc.fisher_batches)
         self.tag = os.path.basename(os.path.normpath(run_dir))
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
+        ckpts = run_io.list_checkpoints(run_dir) if resume else []
+        if ckpts:
+            run_io.check_checkpoint(ckpts[-1])  # so does an unreadable checkpoint
         connect_ray(cfg)
         self.layout = make_placement(cfg)
-        self.pg = self.layout.pg
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         self.learner = ray.remote(Learner).options(
             num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
             name=f"learner:{self.tag}", scheduling_strategy=self.layout.learner_strategy(),
         ).remote(cfg)
 
-        self.pool = WorkerPool(cfg, rollout_worker_class(cfg), self.pg,
-                               first_bundle=self.layout.worker_bundles[0], tag=self.tag)
+        self.pool = WorkerPool(cfg, rollout_worker_class(cfg), self.layout, tag=self.tag)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
         self.learner_version = 0  # the learner's weights version; workers get it lazily (_fill)
         if cfg.curriculum.sent:
             self._sent_orders()
-        ckpts = run_io.list_checkpoints(run_dir) if resume else []
         if ckpts:
             self._restore(ckpts[-1])
         self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
 
     def _restore(self, ckpt: str) -> None:
         state = run_io.load_driver_state(ckpt)
-        version = ray.get(self.learner.load.remote(ckpt))
+        try:
+            version = ray.get(self.learner.load.remote(ckpt))
+        except ray.exceptions.RayTaskError as e:  # e.g. the checkpoint of another model
+            last = str(e).strip().splitlines()[-1]
+            raise CheckpointError(last.split("CheckpointError: ", 1)[-1]) from None
         if version > 0:
             self.pool.push(self.learner.export.remote(), version)
         self.learner_version = version
-        self.start = state["step"]
-        self.pool.restarts = state["restarts"]
-        self.pending = dict(state["pending"])
-        self.curriculum.load_state_dict(state["curriculum"])
-        self.trained_stage = state["trained_stage"]
-        self.stage_batches.extend(state["stage_batches"])
+        self.start = state.step
+        self.pool.restarts = state.restarts
+        for j, p in state.pending.items():  # rollouts generated before the checkpoint
+            summary = RolloutSummary.concat([b.summary() for b in p.batches])
+            self.pending[j] = Slot(p.stage, p.prompts,
+                                   Rollout(summary, [ray.put(b) for b in p.batches]))
+        self.curriculum.load_state_dict(state.curriculum)
+        self.trained_stage = state.trained_stage
         log.info("resumed from %s at step %d", ckpt, self.start)
 
     def _sent_orders(self) -> None:
@@ -229,17 +217,15 @@ class Trainer:
 
     def _rollout(self, k: int) -> Slot:
         slot = self.pending.pop(k)
-        if not isinstance(slot.work, RolloutBatch):
+        if not isinstance(slot.work, Rollout):
             slot.work = self.pool.collect(slot.work)
         return slot
 
     def _enter_stage(self, stage: int) -> dict:
-        """Stage boundary: consolidate (Fisher + anchor) on the last stage's batches for EWC."""
-        out = {}
-        if self.cfg.ewc.lam > 0 and self.stage_batches:
-            out = ray.get(self.learner.consolidate.remote(list(self.stage_batches)))
+        """Stage boundary: the learner consolidates (Fisher + anchor) on the last stage's
+        batches, which it kept, for EWC."""
+        out = ray.get(self.learner.consolidate.remote()) if self.cfg.ewc.lam > 0 else {}
         self.trained_stage = stage
-        self.stage_batches.clear()
         return out
 
     def run(self) -> dict:
@@ -248,45 +234,46 @@ class Trainer:
                    initial=self.start, total=cfg.run.steps, file=sys.stdout)
         for k in bar:
             row = self.step(k)
-            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['reward/correct']:.2f}",
-                            s_step=f"{row['time/step_s']:.1f}")
+            bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.2f}", acc=f"{row[M.REWARD_CORRECT]:.2f}",
+                            s_step=f"{row[M.STEP_S]:.1f}")
         return self.finish(time.perf_counter() - t_start)
 
     def step(self, k: int) -> dict:
         """Launch what staleness allows (pushing the newest weights first) -> rollout k ->
-        GRPO update."""
+        GRPO update. The driver holds summaries; the batches go from the object store to the
+        learner."""
         cfg, t0 = self.cfg, time.perf_counter()
         t_sync = self._fill(k)
         slot = self._rollout(k)
-        rb = slot.work
+        rollout: Rollout = slot.work
+        summary = rollout.summary
         t_roll = time.perf_counter() - t0 - t_sync
         stage_stats = self._enter_stage(slot.stage) if slot.stage != self.trained_stage else {}
-        if not rb.completion_ids:
-            reasons = sorted({s["reason"] for s in rb.skipped})
+        if not len(summary.lengths):
+            reasons = sorted({s["reason"] for s in summary.skipped})
             raise DatasetError(f"step {k}: every prompt was refused ({', '.join(reasons)}); "
                                "check rollout.max_prompt_tokens and the data")
-        batch, adv_stats = to_train_batch(rb, cfg)
+        plan, plan_stats = plan_step(summary, cfg)
         t1 = time.perf_counter()
-        metrics = ray.get(self.learner.train_step.remote(batch))
+        learned: LearnerStep = ray.get(self.learner.train_step.remote(plan, *rollout.batches))
         t_learn = time.perf_counter() - t1
-        self.learner_version = metrics["weights/version"]
-        self.curriculum.observe(float(np.mean(rb.correct)))
-        self.stage_batches.append(batch)
-        row = {"step": k, **rollout_metrics(rb), **adv_stats, **metrics, **stage_stats,
-               "curriculum/stage": slot.stage,
-               "time/rollout_s": rb.gen_time_s, "time/rollout_wait_s": t_roll,
-               "time/learner_s": t_learn, "time/sync_s": t_sync,
-               "faults/worker_restarts": self.pool.restarts,
-               "memory/rss_gb": rb.rss_gb + metrics.pop("memory/learner_rss_gb") + rss_gb()}
+        self.learner_version = learned.version
+        self.curriculum.observe(float(np.mean(summary.correct)))
+        row = {M.STEP: k, **summary.metrics(), **plan_stats, **learned.row(), **stage_stats,
+               M.CURRICULUM_STAGE: slot.stage, M.ROLLOUT_S: summary.gen_time_s,
+               M.ROLLOUT_WAIT_S: t_roll, M.LEARNER_S: t_learn, M.SYNC_S: t_sync,
+               M.RESTARTS: self.pool.restarts, M.DRIVER_RSS_GB: rss_gb(),
+               M.WORKERS_RSS_GB: summary.rss_gb}
+        row[M.RSS_GB] = summary.rss_gb + learned.rss_gb + row[M.DRIVER_RSS_GB]
         every = cfg.run.checkpoint_every
         if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
-            row["time/sync_s"] += self._fill(k + 1)
-            row["time/checkpoint_s"] = self.checkpoint(k + 1)
-        row["time/step_s"] = time.perf_counter() - t0
+            row[M.SYNC_S] += self._fill(k + 1)
+            row[M.CHECKPOINT_S] = self.checkpoint(k + 1)
+        row[M.STEP_S] = time.perf_counter() - t0
         self.writer.log(row)
         self.dash.record(row)
         if k % cfg.run.sample_every == 0:
-            self.writer.samples(k, sample_rows(rb, slot.prompts))
+            self.writer.samples(k, sample_rows(summary, slot.prompts))
         return row
 
     def checkpoint(self, step: int) -> float:
@@ -294,11 +281,14 @@ class Trainer:
         t0 = time.perf_counter()
         tmp = run_io.checkpoint_tmp(self.run_dir, step)
         ray.get(self.learner.save.remote(tmp))
-        pending = {j: self._rollout(j) for j in sorted(self.pending)}
-        self.pending = dict(pending)
-        state = {"step": step, "pending": pending, "restarts": self.pool.restarts,
-                 "curriculum": self.curriculum.state_dict(), "trained_stage": self.trained_stage,
-                 "stage_batches": list(self.stage_batches)}
+        pending = {}
+        for j in sorted(self.pending):
+            slot = self._rollout(j)
+            self.pending[j] = slot
+            pending[j] = run_io.PendingStep(slot.stage, slot.prompts,
+                                            ray.get(slot.work.batches))
+        state = run_io.DriverState(step, self.pool.restarts, self.curriculum.state_dict(),
+                                   self.trained_stage, pending)
         run_io.commit_checkpoint(self.run_dir, tmp, step, state, self.cfg.run.keep_checkpoints)
         return time.perf_counter() - t0
 
@@ -309,10 +299,10 @@ class Trainer:
         tail = rows[-max(1, len(rows) // 5):]
         summary = {
             "steps": len(rows), "wall_s": wall_s, "final": final,
-            "s_per_step_median": float(np.median([r["time/step_s"] for r in rows])) if rows else 0,
-            "reward_first": rows[0]["reward/mean"] if rows else None,
-            "reward_last_20pct": float(np.mean([r["reward/mean"] for r in tail])) if rows else None,
-            "correct_last_20pct": (float(np.mean([r["reward/correct"] for r in tail]))
+            "s_per_step_median": float(np.median([r[M.STEP_S] for r in rows])) if rows else 0,
+            "reward_first": rows[0][M.REWARD_MEAN] if rows else None,
+            "reward_last_20pct": float(np.mean([r[M.REWARD_MEAN] for r in tail])) if rows else None,
+            "correct_last_20pct": (float(np.mean([r[M.REWARD_CORRECT] for r in tail]))
                                    if rows else None),
             "worker_restarts": self.pool.restarts,
         }
@@ -323,7 +313,7 @@ class Trainer:
     def shutdown(self) -> None:
         self.pool.shutdown()
         kill_and_wait([self.learner])
-        ray.util.remove_placement_group(self.pg)
+        self.layout.remove()
 
 
 def _extra_args(parser) -> None:
@@ -352,7 +342,7 @@ def main(argv=None) -> int:
     cfg, run_dir, resume = resolve_run(argv)
     try:
         trainer = Trainer(cfg, run_dir, resume)
-    except (ConfigError, ModelNotFoundError, DatasetError) as e:
+    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError) as e:
         print(f"launch.train: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -1,12 +1,12 @@
 """Weight export for rollout workers and the final checkpoint.
 
-The export payload is a plain dict of numpy arrays so Ray stores it once in the object store
-and every worker on a node maps the same buffers (numpy arrays deserialize zero-copy):
+The export is a `common.types.WeightUpdate` of numpy arrays, so Ray stores it once in the
+object store and every worker on a node maps the same buffers (numpy arrays deserialize
+zero-copy):
 
-    {"kind": "lora", "version": v, "scale": alpha / r,
-     "tensors": {"model.layers.0.self_attn.q_proj.lora_A": (r, in), "...lora_B": (out, r), ...}}
-    {"kind": "full", "version": v, "tensors": {state-dict name: array},
-     "aliases": {tied name: name it shares storage with}}
+    WeightUpdate("lora", v, {"model.layers.0.self_attn.q_proj.lora_A": (r, in),
+                             "...lora_B": (out, r), ...}, scale=alpha / r)
+    WeightUpdate("full", v, {state-dict name: array}, aliases={tied name: name it shares})
 
 LoRA module names are those of the plain Hugging Face model, so a worker merges
 W = W0 + scale * B @ A without peft.
@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 import torch
+
+from common.types import WeightUpdate
 
 PEFT_PREFIX = "base_model.model."
 
@@ -40,11 +42,10 @@ def to_peft_state_dict(tensors: dict[str, np.ndarray]) -> dict[str, torch.Tensor
     return {f"{PEFT_PREFIX}{k}.weight": torch.from_numpy(np.asarray(v)) for k, v in tensors.items()}
 
 
-def export_weights(model, lora_cfg, version: int) -> dict:
-    """The payload rollout workers load for `version` (see module docstring)."""
+def export_weights(model, lora_cfg, version: int) -> WeightUpdate:
+    """The update rollout workers load for `version` (see module docstring)."""
     if lora_cfg.mode in ("lora", "qlora"):
-        return {"kind": "lora", "version": version, "scale": lora_cfg.alpha / lora_cfg.r,
-                "tensors": lora_tensors(model)}
+        return WeightUpdate("lora", version, lora_tensors(model), scale=lora_cfg.alpha / lora_cfg.r)
     state, aliases, seen = {}, {}, {}
     for k, v in model.state_dict().items():
         if v.data_ptr() in seen:  # tied weights (embeddings / LM head): ship once
@@ -52,11 +53,7 @@ def export_weights(model, lora_cfg, version: int) -> dict:
             continue
         seen[v.data_ptr()] = k
         state[k] = v.detach().float().cpu().numpy().copy()
-    return {"kind": "full", "version": version, "tensors": state, "aliases": aliases}
-
-
-def payload_nbytes(payload: dict) -> int:
-    return int(sum(np.asarray(v).nbytes for v in payload["tensors"].values()))
+    return WeightUpdate("full", version, state, aliases=aliases)
 
 
 def save_final(model, cfg, path: str, merged: bool = False) -> str:
@@ -66,7 +63,7 @@ def save_final(model, cfg, path: str, merged: bool = False) -> str:
     Full, or LoRA with `merged`: full weights + tokenizer. QLoRA merges are refused: the base
     in memory is NF4, so a merged model would carry quantisation error.
     """
-    from launch.models import load_tokenizer, resolve_model
+    from common.models import load_tokenizer, resolve_model
 
     os.makedirs(path, exist_ok=True)
     is_peft = hasattr(model, "peft_config")

@@ -9,44 +9,37 @@ A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray a
 
 from __future__ import annotations
 
-import os
-import random
+import collections
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import psutil
 import torch
 
+from common import metrics as M
+from common.state_io import (
+    load_state,
+    optimizer_state,
+    optimizer_state_dict,
+    rng_state,
+    save_state,
+    set_rng_state,
+    train_batch_from_state,
+    train_batch_to_state,
+)
+from common.types import LearnerStep, RolloutBatch, TrainBatch, TrainPlan, WeightUpdate
 from learner import ewc, losses
 from learner.export import export_weights, save_final
 from learner.model import (
     build_policy,
     pick_dtype,
+    reference_logprobs_context,
     set_threads,
     shared_prefix_logprobs,
 )
 
-
-@dataclass
-class TrainBatch:
-    """N sequences of one step (B prompts x G completions), as the driver hands them over."""
-
-    prompt_ids: list[list[int]]
-    """(N, P_i) prompt token ids, no padding"""
-    completion_ids: list[list[int]]
-    """(N, T_i) sampled completion token ids, no padding"""
-    old_logp: list[np.ndarray]
-    """(N, T_i) behaviour log-probs the rollout sampled with"""
-    entropy: list[np.ndarray]
-    """(N, T_i) per-token entropy of the rollout's sampling distribution"""
-    advantages: np.ndarray
-    """(N,) group-normalised advantages"""
-    keep: np.ndarray | None = None
-    """(N,) bool: sequences that count in the loss (None: all; reward.overlong=mask drops
-    completions cut at max_new_tokens)"""
-    version: int = -1
-    """weights version the rollout sampled with (-1: unknown); staleness = learner's - this"""
+CKPT = "learner"
+"""file stem of the learner's part of a checkpoint (learner.safetensors + learner.json)"""
 
 
 def _pad(rows: list, fill: float, width: int, dtype) -> torch.Tensor:
@@ -72,6 +65,8 @@ class Learner:
         self.version = 0
         self.fisher: dict[str, torch.Tensor] = {}
         self.anchor: dict[str, torch.Tensor] = {}
+        self.recent: collections.deque[TrainBatch] = collections.deque(
+            maxlen=cfg.ewc.fisher_batches)  # this stage's last batches, for the EWC Fisher
         self.ref_model = None
         if cfg.grpo.beta > 0 and cfg.lora.mode == "full":
             self.ref_model, _ = build_policy(cfg.model, cfg.lora)  # frozen copy: full FT only
@@ -109,8 +104,15 @@ class Learner:
         logp = logp.index_put((rows, cols), logp_k)
         return logp, ent_k
 
-    def train_step(self, batch: TrainBatch) -> dict:
-        """One GRPO update on a step's batch. Returns namespaced scalar metrics."""
+    def train_step(self, plan: TrainPlan, *batches: RolloutBatch) -> LearnerStep:
+        """One GRPO update on a step's rollouts (the workers' shares, in order; Ray resolves
+        their ObjectRefs, so they come straight from the object store) and the driver's plan."""
+        batch = TrainBatch.from_rollouts(plan, list(batches))
+        self.recent.append(batch)
+        return self.train_on(batch)
+
+    def train_on(self, batch: TrainBatch) -> LearnerStep:
+        """One GRPO update on a TrainBatch (what `train_step` runs)."""
         g, t0 = self.cfg.grpo, time.perf_counter()
         T = max(len(c) for c in batch.completion_ids)
         mask = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
@@ -139,19 +141,19 @@ class Learner:
         ewc_loss = self._ewc_backward()
         grad_norm = self._clip_and_step()
         self.version += 1
-        return {
-            **stats.metrics(),
-            "loss/ewc": ewc_loss,
-            "policy/entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)),
-            "policy/staleness": self.version - 1 - batch.version if batch.version >= 0 else 0,
-            "grad/norm": grad_norm,
-            "tokens/selected": int(sel.sum()),
-            "tokens/completion": int(mask.sum()),
-            "tokens/active_seqs": len(active),
-            "time/learner_compute_s": time.perf_counter() - t0,
-            "weights/version": self.version,
-            "memory/learner_rss_gb": psutil.Process().memory_info().rss / 2**30,
-        }
+        m = stats.metrics()
+        return LearnerStep(
+            loss_policy=m[M.LOSS_POLICY], loss_kl=m[M.LOSS_KL], loss_ewc=ewc_loss,
+            clip_frac=m[M.CLIP_FRAC], clip_frac_low=m[M.CLIP_FRAC_LOW],
+            clip_frac_high=m[M.CLIP_FRAC_HIGH], dual_clip_frac=m[M.DUAL_CLIP_FRAC],
+            ratio_mean=m[M.RATIO_MEAN], approx_kl=m[M.APPROX_KL], logp_diff=m[M.LOGP_DIFF],
+            logp_diff_max=m[M.LOGP_DIFF_MAX],
+            entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+            staleness=self.version - 1 - batch.version if batch.version >= 0 else 0,
+            grad_norm=grad_norm, tokens_selected=int(sel.sum()),
+            tokens_completion=int(mask.sum()), active_seqs=len(active),
+            compute_s=time.perf_counter() - t0, version=self.version,
+            rss_gb=psutil.Process().memory_info().rss / 2**30)
 
     @torch.no_grad()
     def _probe_logp(self, batch: TrainBatch, sel: torch.Tensor, old_logp: torch.Tensor):
@@ -168,7 +170,7 @@ class Learner:
             if self.ref_model is not None:
                 logp, _ = self._forward_selected(self.ref_model, batch, idx, sel)
             else:
-                with self.model.disable_adapter():  # LoRA: the base is the reference
+                with reference_logprobs_context(self.model):  # LoRA: the base is the reference
                     logp, _ = self._forward_selected(self.model, batch, idx, sel)
         return logp
 
@@ -188,13 +190,14 @@ class Learner:
         return float(norm)
 
     # ---- EWC -----------------------------------------------------------------------------
-    def consolidate(self, batches: list[TrainBatch]) -> dict:
+    def consolidate(self, batches: list[TrainBatch] | None = None) -> dict:
         """Diagonal empirical Fisher of the completions' log-likelihood, then anchor.
 
             F_i = 1/S sum_{s=1..S} ( d/d theta_i  log pi(y_s | x_s) )^2,
             log pi(y_s | x_s) = sum_t log pi(y_s,t | x_s, y_s,<t)
 
-        over the S sampled sequences of `batches` (the first `ewc.fisher_batches`): one
+        over the S sampled sequences of `batches` (default: the last `ewc.fisher_batches`
+        batches this learner trained on, which the stage boundary then forgets): one
         backward per sequence. It is a mean over sequences, so it does not depend on how many
         there are or how they were batched, and `ewc.lam` keeps its meaning when the batch
         size changes. (Squaring the gradient of a whole batch's mean loss instead shrinks F
@@ -203,7 +206,9 @@ class Learner:
         """
         t0 = time.perf_counter()
         new = {n: torch.zeros_like(p) for n, p in self.params.items()}
-        used = batches[: self.cfg.ewc.fisher_batches]
+        used = list(self.recent) if batches is None else batches[: self.cfg.ewc.fisher_batches]
+        if batches is None:
+            self.recent.clear()
         count = sum(len(b.completion_ids) for b in used)
         for batch in used:
             T = max(len(c) for c in batch.completion_ids)
@@ -218,37 +223,51 @@ class Learner:
         self.fisher = ewc.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
         self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
         total = sum(float(f.sum()) for f in self.fisher.values())
-        return {"ewc/fisher_sum": total, "time/consolidate_s": time.perf_counter() - t0}
+        return {M.EWC_FISHER_SUM: total, M.CONSOLIDATE_S: time.perf_counter() - t0}
 
     # ---- weights and checkpoints -------------------------------------------------------------
-    def export(self) -> dict:
+    def export(self) -> WeightUpdate:
         """What rollout workers need for the current version (LoRA: adapters only)."""
         return export_weights(self.model, self.cfg.lora, self.version)
 
     def save(self, path: str) -> None:
-        """Everything needed to resume bit-for-bit (written into an existing directory)."""
-        state = {
-            "params": {n: p.detach().clone() for n, p in self.params.items()},
-            "opt": self.opt.state_dict(),
-            "version": self.version,
-            "fisher": self.fisher,
-            "anchor": self.anchor,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                    "python": random.getstate()},
-        }
-        torch.save(state, os.path.join(path, "learner.pt"))
+        """Everything needed to resume bit-for-bit, as plain state (written into `path`):
+        trainable tensors, optimizer state, EWC Fisher and anchor, the batches kept for the
+        next Fisher, and RNG states."""
+        tensors, meta = rng_state()
+        opt_tensors, opt_meta = optimizer_state(self.opt.state_dict())
+        tensors.update(opt_tensors)
+        tensors.update({f"param.{n}": p for n, p in self.params.items()})
+        tensors.update({f"fisher.{n}": f for n, f in self.fisher.items()})
+        tensors.update({f"anchor.{n}": a for n, a in self.anchor.items()})
+        recent = []
+        for i, b in enumerate(self.recent):
+            t, m = train_batch_to_state(f"recent.{i}", b)
+            tensors.update(t)
+            recent.append(m)
+        meta.update(version=self.version, opt=opt_meta, recent=recent,
+                    fisher=sorted(self.fisher), params=sorted(self.params))
+        save_state(path, CKPT, tensors, meta)
 
     def load(self, path: str) -> int:
-        state = torch.load(os.path.join(path, "learner.pt"), weights_only=False)
+        """Restore `save`; a checkpoint of another model is a one-line CheckpointError."""
+        from common.state_io import CheckpointError
+
+        tensors, meta = load_state(path, CKPT)
+        if sorted(meta.get("params", [])) != sorted(self.params):
+            raise CheckpointError(f"{path}: its trainable tensors are not this learner's "
+                                  "(another model or lora.mode)")
         with torch.no_grad():
             for n, p in self.params.items():
-                p.copy_(state["params"][n])
-        self.opt.load_state_dict(state["opt"])
-        self.version = state["version"]
-        self.fisher, self.anchor = state["fisher"], state["anchor"]
-        torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
-        random.setstate(state["rng"]["python"])
+                p.copy_(tensors[f"param.{n}"])
+        self.opt.load_state_dict(optimizer_state_dict(tensors, meta["opt"]))
+        self.version = meta["version"]
+        self.fisher = {n: tensors[f"fisher.{n}"] for n in meta["fisher"]}
+        self.anchor = {n: tensors[f"anchor.{n}"] for n in meta["fisher"]}
+        self.recent.clear()
+        self.recent.extend(train_batch_from_state(f"recent.{i}", tensors, m)
+                           for i, m in enumerate(meta["recent"]))
+        set_rng_state(tensors, meta)
         return self.version
 
     def save_final(self, path: str, merged: bool = False) -> str:

@@ -1,8 +1,11 @@
-"""Policy construction for the learner: full fine-tune, LoRA, or QLoRA (NF4 base + LoRA).
+"""The learner's one adapter to transformers and peft: policy construction (full fine-tune,
+LoRA, QLoRA on an NF4 base), the selected-position forward, the shared-prefix forward with its
+replay-safe KV caches, gradient checkpointing, and the LoRA reference context.
 
-Also the selected-position forward: the decoder runs on the whole sequence, but the LM head and
-the log-softmax run only at the positions the entropy mask selected, which is where most of a
-small model's FLOPs go (vocab 49k x hidden 576 for SmolLM2) and so where ρ < 1 saves compute.
+The decoder runs on the whole sequence, but the LM head and the log-softmax run only at the
+positions the entropy mask selected, which is where most of a small model's FLOPs go (vocab 49k
+x hidden 576 for SmolLM2) and so where rho < 1 saves compute. Written against transformers
+5.16-5.19 (cache classes and `GradientCheckpointingLayer` are internal API).
 """
 
 from __future__ import annotations
@@ -12,16 +15,11 @@ import os
 
 import torch
 import torch.nn.functional as F
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
+from common.models import cpu_supports_bf16, load_model, resolve_model
 from common.quant import load_nf4_model
-from launch.models import cpu_supports_bf16, load_model, resolve_model
-from learner.prefix_cache import (
-    enable_checkpointing,
-    gathered,
-    read_cache,
-    record_cache,
-    supports_prefix_cache,
-)
 
 
 def pick_dtype(dtype: str) -> torch.dtype:
@@ -68,6 +66,11 @@ def build_policy(model_cfg, lora_cfg):
             p.data = p.data.float()  # trainable tensors (adapters) always fp32
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     return model, names
+
+
+def reference_logprobs_context(model):
+    """A context in which a LoRA policy computes its base's (the KL reference's) log-probs."""
+    return model.disable_adapter()
 
 
 def decoder_and_head(model):
@@ -191,6 +194,67 @@ def _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature
     logp, entropy = selected_logprobs(model, ids, attn, rows, pos - 1, ids[rows, pos],
                                       temperature, autocast_dtype)
     return logp.to(out_dev), entropy.to(out_dev)
+
+
+# ---- the replay-safe KV caches of the shared-prefix forward -------------------------------------
+# transformers' DynamicCache appends on every `update`, which gradient checkpointing cannot use:
+# the backward pass re-runs each checkpointed layer, and a second append would change what the
+# layer computes, so transformers drops the cache of checkpointed layers (GradientCheckpointing-
+# Layer), which broke the prefix hand-off. These two are replay-safe, so checkpointed layers may
+# keep them: the prompt pass records the keys/values it is given (a replay records the equal
+# recomputed ones again); the completion pass returns prefix + new keys/values and stores
+# nothing, so a replay computes exactly what the first pass did.
+
+class _RecordLayer(DynamicLayer):
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class _ReadLayer(DynamicLayer):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return (torch.cat([self.keys, key_states], dim=-2),
+                torch.cat([self.values, value_states], dim=-2))
+
+
+def record_cache() -> Cache:
+    """An empty cache for the prompt pass (one `_RecordLayer` per layer, made on first use)."""
+    return Cache(layer_class_to_replicate=_RecordLayer)
+
+
+def gathered(cache: Cache, index: torch.Tensor) -> tuple[list, list]:
+    """Per-layer (keys, values) of a recorded cache, rows picked by `index` (differentiable:
+    the gradients of rows that share a prompt add up). (U, heads, P, d) -> (m, heads, P, d)."""
+    return ([layer.keys[index] for layer in cache.layers],
+            [layer.values[index] for layer in cache.layers])
+
+
+def read_cache(keys: list[torch.Tensor], values: list[torch.Tensor]) -> Cache:
+    """A fixed prefix for the completion pass; nothing is appended to it."""
+    return Cache(layers=[_ReadLayer(k, v) for k, v in zip(keys, values)])
+
+
+def supports_prefix_cache(model) -> bool:
+    """Full-attention decoders only: sliding-window layers size their cache differently."""
+    config = model.config.get_text_config(decoder=True)
+    types = getattr(config, "layer_types", None) or []
+    return not any(t != "full_attention" for t in types)
+
+
+def enable_checkpointing(model) -> None:
+    """Gradient checkpointing (non-reentrant) that keeps our replay-safe caches."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module._can_checkpoint_with_cache = True  # our caches are replay-safe (see above)
 
 
 def set_threads(n: int) -> None:

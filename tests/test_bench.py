@@ -1,4 +1,4 @@
-"""launch.bench end to end on the tiny model: TRL's GRPOTrainer, then ours on a local Ray cluster.
+"""tools.bench end to end on the tiny model: TRL's GRPOTrainer, then ours on a local Ray cluster.
 
 1 warm-up + 1 timed step, 8 new tokens; checks the printed format (the ratio line last) and the
 --json figures, and the --rollout-only lines.
@@ -8,9 +8,8 @@ import json
 import re
 
 import pytest
-import ray
 
-from launch import bench
+from tools import bench
 
 pytest.importorskip("trl")
 
@@ -26,12 +25,6 @@ def report_lines(out: str) -> list[str]:
     start = next(i for i, line in enumerate(lines) if line.startswith("machine: "))
     return [line for line in lines[start:] if not line.startswith("[INFO]")]
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -13,16 +13,14 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
-from launch.config import ConfigError
+from common.config import ConfigError
 from launch.placement import make_placement
 from launch.presets import get_preset
 from launch.train import Trainer
 
 
-@pytest.fixture(scope="module")
-def three_nodes():
-    if ray.is_initialized():
-        pytest.skip("a Ray session is already connected in this process")
+@pytest.fixture
+def three_nodes(own_ray):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     for _ in range(2):
         cluster.add_node(num_cpus=1)

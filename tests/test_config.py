@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from launch.cli import field_docs, parse_config
-from launch.config import (
+from common.config import (
     Config,
     ConfigError,
     CurriculumConfig,
@@ -18,6 +17,7 @@ from launch.config import (
     RolloutConfig,
     RunConfig,
 )
+from launch.cli import field_docs, parse_config
 from launch.presets import PRESETS, get_preset
 
 BAD_FIELDS = [

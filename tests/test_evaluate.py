@@ -11,16 +11,12 @@ from rewards import make_task
 MODEL = "tiny-random-llama"
 
 
-def test_sharded_evaluation_matches_in_process():
+def test_sharded_evaluation_matches_in_process(ray_cluster):
     torch.set_num_threads(1)  # the workers decode with 1 thread; same kernels, same greedy tokens
     samples = make_task("arith", 1).heldout(6)
     model, tok = load_for_eval(MODEL, torch.float32)
     local = evaluate(model, tok, samples, max_new_tokens=8, batch_size=1)
-    ray.init(num_cpus=3, include_dashboard=False)
-    try:
-        (row,) = evaluate_many([MODEL], {"arith-1": samples}, torch.float32, 8, 1, workers=3)
-    finally:
-        ray.shutdown()
+    (row,) = evaluate_many([MODEL], {"arith-1": samples}, torch.float32, 8, 1, workers=3)
     par = row["sets"]["arith-1"]
     assert par["workers"] == 3
     # 6 samples over 3 shards: the first 3 examples span shards 0 and 1, so a shard put back
@@ -30,7 +26,8 @@ def test_sharded_evaluation_matches_in_process():
         assert par[key] == local[key], key
 
 
-def test_cli_bad_workers_and_missing_model_are_one_line_errors(capsys):
+def test_cli_bad_workers_and_missing_model_are_one_line_errors(capsys, own_ray):
+    capsys.readouterr()  # drop what an earlier test's Ray workers still printed
     assert main(["--model", MODEL, "--workers", "-1"]) == 2
     assert main(["--model", "no/such-model-here", "--workers", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

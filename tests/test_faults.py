@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import ray
 
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
+from common.types import RolloutCall, Sampling, WeightUpdate
 from launch import run_io
 from launch.pool import WeightSyncError
 from launch.presets import get_preset
@@ -26,12 +28,6 @@ from launch.train import Trainer
 
 KEYS = ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version")
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def tiny(steps=5, **rollout):
@@ -95,7 +91,7 @@ def test_failed_push_is_retried_then_a_clear_error_not_a_hang(ray_cluster, tmp_p
     try:
         trainer.step(0)
         pool, v = trainer.pool, trainer.pool.version
-        bad = {**ray.get(pool.payloads[v]), "version": v}  # claims the version it replaces
+        bad = replace(ray.get(pool.payloads[v]), version=v)  # claims the version it replaces
         pool.push(ray.put(bad), v + 1)
         prompts = trainer.curriculum.prompts(1)[1]
         with pytest.raises(WeightSyncError) as e:
@@ -104,17 +100,17 @@ def test_failed_push_is_retried_then_a_clear_error_not_a_hang(ray_cluster, tmp_p
         trainer.shutdown()
     msg = str(e.value)
     assert "\n" not in msg and f"version {v + 1} after 3 tries" in msg
-    assert f"payload holds version {v}, push said {v + 1}" in msg  # the worker's own reason
+    assert f"update holds version {v}, push said {v + 1}" in msg  # the worker's own reason
 
 
 def test_stale_and_mismatched_weights_are_refused():
     cfg = tiny()
     worker = HFRolloutWorker(cfg)
-    payload = {"kind": "lora", "version": 3, "scale": 2.0, "tensors": {}}
-    with pytest.raises(WeightVersionError, match="payload holds version 3, push said 4"):
+    payload = WeightUpdate("lora", 3, {}, scale=2.0)
+    with pytest.raises(WeightVersionError, match="update holds version 3, push said 4"):
         worker.set_weights(payload, 4)
     assert worker.set_weights(payload, 3) == 3
-    old = {**payload, "version": 2}
+    old = replace(payload, version=2)
     with pytest.raises(WeightVersionError, match="stale weights version 2 < current 3"):
         worker.set_weights(old, 2)
     assert worker.set_weights(old, 2, rollback=True) == 2
@@ -127,7 +123,7 @@ def test_prompts_refused_and_counted():
     prompts = [{"question": "What is 1 + 2?", "answer": "3"},
                {"question": "   ", "answer": "1"},
                {"question": "What is " + "9 + " * 200 + "1?", "answer": "1801"}]
-    batch = worker.generate(prompts, 2, {"seed": 0})
+    batch = worker.generate(RolloutCall(prompts, 2, Sampling(seed=0)))
     assert batch.prompt_index == [0, 0]
     assert sorted(s["reason"] for s in batch.skipped) == ["empty_prompt", "prompt_too_long"]
 
@@ -144,7 +140,7 @@ def test_half_written_checkpoints_are_never_resumed(ray_cluster, tmp_path):
     # filesystem without atomic rename) a ckpt dir without COMPLETE: both must be ignored.
     os.makedirs(tmp_path / ".tmp-ckpt-000004-999")
     os.makedirs(tmp_path / "ckpt-000006")
-    (tmp_path / "ckpt-000006" / "learner.pt").write_bytes(b"truncated")
+    (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == ["ckpt-000002"]
     cfg.run.steps = 5
     resumed = Trainer(cfg, str(tmp_path), resume=True)
@@ -172,4 +168,40 @@ def test_bad_model_or_data_is_one_line_error(tmp_path, argv, msg):
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(err) == 1 and msg in err[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("damage", ["old_pickle", "garbage_json", "truncated_tensors",
+                                    "missing_tensor"])
+def test_damaged_or_old_checkpoint_is_a_one_line_error(run_job, tmp_path, damage):
+    """`--resume` on a checkpoint it cannot read: one stderr line naming the file, exit 2, and
+    nothing unpickled (a checkpoint holds no pickle at all)."""
+    cfg = tiny(steps=2)
+    cfg.run.checkpoint_every = 1
+    run_job(cfg, tmp_path)
+    ckpt = tmp_path / "ckpt-000001"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "COMPLETE", "driver.json", "driver.safetensors", "learner.json", "learner.safetensors"]
+    if damage == "old_pickle":  # what the code before plain-state checkpoints wrote
+        (ckpt / "driver.json").unlink()
+        (ckpt / "driver.pkl").write_bytes(b"\x80\x04K\x01.")
+        want = "no driver.json: written by an older homerl (driver.pkl, a pickle)"
+    elif damage == "garbage_json":
+        (ckpt / "learner.json").write_text("{not json")
+        want = "learner.json: damaged"
+    elif damage == "truncated_tensors":
+        data = (ckpt / "learner.safetensors").read_bytes()
+        (ckpt / "learner.safetensors").write_bytes(data[: len(data) // 2])
+        want = "learner.safetensors: damaged or missing"
+    else:
+        head = json.loads((ckpt / "driver.json").read_text())
+        head["tensors"].append("pending.9.0.rewards")
+        (ckpt / "driver.json").write_text(json.dumps(head))
+        want = "driver.safetensors: lacks 1 tensors, e.g. pending.9.0.rewards"
+    proc = subprocess.run([sys.executable, "-m", "launch.train", "--resume", str(tmp_path),
+                           "--steps", "3"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    err = [line for line in proc.stderr.splitlines() if line.startswith("launch.train:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(err) == 1 and want in err[0] and str(ckpt) in err[0], err
     assert "Traceback" not in proc.stderr

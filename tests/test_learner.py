@@ -1,14 +1,17 @@
 """The learner on a tiny random Llama: full, LoRA and QLoRA steps, export, EWC, checkpoints."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from actors.weights import WeightApplier
-from launch.models import load_model, resolve_model
+from common.models import load_model, resolve_model
+from common.types import TrainBatch
 from launch.presets import get_preset
 from learner.export import to_peft_state_dict
-from learner.learner import Learner, TrainBatch
+from learner.learner import Learner
 from learner.model import selected_logprobs, shared_prefix_logprobs
 
 
@@ -46,7 +49,7 @@ def full_logprobs(model, batch: TrainBatch) -> list[torch.Tensor]:
 def test_one_step_changes_trainable_only(mode):
     learner = Learner(tiny_cfg(mode))
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
-    metrics = learner.train_step(make_batch())
+    metrics = learner.train_on(make_batch()).row()
     assert np.isfinite(metrics["loss/policy"]) and metrics["grad/norm"] > 0
     assert metrics["weights/version"] == 1
     changed = {n for n, p in learner.model.named_parameters()
@@ -79,7 +82,7 @@ def test_zero_advantage_step_leaves_weights_unchanged():
     batch = make_batch()
     batch.advantages[:] = 0
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
-    metrics = learner.train_step(batch)
+    metrics = learner.train_on(batch).row()
     assert metrics["tokens/active_seqs"] == 0
     assert all(torch.equal(before[n], p) for n, p in learner.model.named_parameters())
 
@@ -90,9 +93,9 @@ def test_exported_lora_reproduces_learner_logprobs():
     cfg = tiny_cfg("lora")
     learner = Learner(cfg)
     for s in range(3):
-        learner.train_step(make_batch(seed=s))
+        learner.train_on(make_batch(seed=s)).row()
     payload = learner.export()
-    assert payload["kind"] == "lora" and payload["version"] == 3
+    assert payload.kind == "lora" and payload.version == 3
     batch = make_batch(4, seed=9)
     with torch.no_grad():
         want = full_logprobs(learner.model, batch)
@@ -100,7 +103,7 @@ def test_exported_lora_reproduces_learner_logprobs():
     fresh = get_peft_model(load_model(resolve_model(cfg.model.name)),
                            LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha,
                                       target_modules=cfg.lora.modules()))
-    set_peft_model_state_dict(fresh, to_peft_state_dict(payload["tensors"]))
+    set_peft_model_state_dict(fresh, to_peft_state_dict(payload.tensors))
     fresh.eval()
     with torch.no_grad():
         got = full_logprobs(fresh, batch)
@@ -116,7 +119,7 @@ def test_exported_lora_reproduces_learner_logprobs():
 
 def test_full_export_loads_into_worker_model():
     learner = Learner(tiny_cfg("full"))
-    learner.train_step(make_batch())
+    learner.train_on(make_batch()).row()
     plain = load_model(resolve_model("tiny-random-llama"))
     WeightApplier(plain).apply(learner.export())
     batch = make_batch(3, seed=4)
@@ -129,7 +132,7 @@ def test_fisher_is_the_mean_of_per_sequence_squared_gradients():
     """F(batch) = mean over its sequences of F(that sequence alone): no cross terms, which the
     square of the batch-mean gradient would have (and be ~N times smaller)."""
     learner = Learner(tiny_cfg("lora"))
-    learner.train_step(make_batch(seed=0))  # move off the init, where LoRA B = 0
+    learner.train_on(make_batch(seed=0)).row()  # move off the init, where LoRA B = 0
     batch = make_batch(3, seed=1)
 
     def fisher(b):
@@ -151,27 +154,27 @@ def test_fisher_only_on_trainable_and_penalty_zero_at_anchor():
     cfg = tiny_cfg("lora")
     cfg.ewc.lam = 10.0
     learner = Learner(cfg)
-    learner.train_step(make_batch(seed=0))
+    learner.train_on(make_batch(seed=0)).row()
     stats = learner.consolidate([make_batch(seed=1), make_batch(seed=2)])
     assert set(learner.fisher) == set(learner.trainable)
     assert stats["ewc/fisher_sum"] > 0
     assert all(torch.all(f >= 0) for f in learner.fisher.values())
     assert learner._ewc_backward() == 0.0  # at the anchor
     learner.opt.zero_grad(set_to_none=True)
-    metrics = learner.train_step(make_batch(seed=3))
+    metrics = learner.train_on(make_batch(seed=3)).row()
     assert metrics["loss/ewc"] == 0.0  # penalty is measured before this step's update
-    assert learner.train_step(make_batch(seed=4))["loss/ewc"] > 0
+    assert learner.train_on(make_batch(seed=4)).row()["loss/ewc"] > 0
 
 
 def test_save_load_resumes_bit_for_bit(tmp_path):
     cfg = tiny_cfg("lora")
     a = Learner(cfg)
-    a.train_step(make_batch(seed=0))
+    a.train_on(make_batch(seed=0)).row()
     a.save(str(tmp_path))
-    want = [a.train_step(make_batch(seed=s)) for s in (1, 2)]
+    want = [a.train_on(make_batch(seed=s)).row() for s in (1, 2)]
     b = Learner(cfg)
     assert b.load(str(tmp_path)) == 1
-    got = [b.train_step(make_batch(seed=s)) for s in (1, 2)]
+    got = [b.train_on(make_batch(seed=s)).row() for s in (1, 2)]
     for w, g in zip(want, got):
         assert w["loss/policy"] == g["loss/policy"] and w["grad/norm"] == g["grad/norm"]
 
@@ -180,7 +183,7 @@ def test_save_final_loads_with_transformers(tmp_path):
     from launch.evaluate import load_for_eval
 
     learner = Learner(tiny_cfg("lora"))
-    learner.train_step(make_batch())
+    learner.train_on(make_batch()).row()
     path = learner.save_final(str(tmp_path / "final"))
     model, tok = load_for_eval(path, torch.float32)
     batch = make_batch(2, seed=5)
@@ -195,7 +198,7 @@ def test_shared_prefix_forward_equals_the_plain_forward_values_and_gradients(mod
     """Two prompts of different lengths x 3 completions each: running each prompt once and
     gathering its KV cache gives the plain forward's log-probs, entropies and gradients."""
     learner = Learner(tiny_cfg(mode))
-    learner.train_step(make_batch(seed=0))  # off the init (LoRA B = 0 there)
+    learner.train_on(make_batch(seed=0)).row()  # off the init (LoRA B = 0 there)
     rng = np.random.default_rng(7)
     p0, p1 = list(rng.integers(3, 90, 4)), list(rng.integers(3, 90, 7))
     prompts = [p0] * 3 + [p1] * 3
@@ -231,7 +234,7 @@ def test_shared_prefix_forward_equals_the_plain_forward_values_and_gradients(mod
 
 def test_forward_selected_trims_after_the_last_selected_token_without_changing_log_probs():
     learner = Learner(tiny_cfg("lora"))
-    learner.train_step(make_batch(seed=0))
+    learner.train_on(make_batch(seed=0)).row()
     batch = make_batch(6, seed=9)
     T = max(len(c) for c in batch.completion_ids)
     # select only early tokens in some rows, so their tails are cut
@@ -252,7 +255,7 @@ def _sgd_delta(learner, batch):
     learner.cfg.grpo.max_grad_norm = 0.0
     learner.opt = torch.optim.SGD(learner.params.values(), lr=1.0)
     before = {n: p.detach().clone() for n, p in learner.params.items()}
-    metrics = learner.train_step(batch)
+    metrics = learner.train_on(batch).row()
     return metrics, {n: before[n] - p.detach() for n, p in learner.params.items()}
 
 
@@ -260,7 +263,7 @@ def _sgd_delta(learner, batch):
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
     """Checkpointed layers keep the shared-prefix KV hand-off (replay-safe caches)."""
     batch = make_batch(8, seed=11)
-    batch.prompt_ids = [batch.prompt_ids[i // 4] for i in range(8)]  # 2 prompts x 4: shared
+    batch = replace(batch, prompt_ids=[batch.prompt_ids[i // 4] for i in range(8)])  # shared
     results = []
     for gc in (False, True):
         cfg = tiny_cfg(mode, entropy_rho=0.6)
@@ -270,7 +273,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
             layers = [m for m in learner.model.modules()
                       if hasattr(m, "_can_checkpoint_with_cache")]
             assert layers and all(m.gradient_checkpointing for m in layers)
-        learner.train_step(make_batch(seed=0))  # off the init (LoRA B = 0 there)
+        learner.train_on(make_batch(seed=0)).row()  # off the init (LoRA B = 0 there)
         results.append(_sgd_delta(learner, batch))
     (m0, d0), (m1, d1) = results
     assert m0["tokens/active_seqs"] > 0 and m0["loss/policy"] != 0
@@ -283,7 +286,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
 def test_gpu_8gb_learner_settings_run_one_step_on_cpu(tmp_path):
     """The gpu-8gb preset's learner (NF4 QLoRA, bf16 compute, checkpointing, micro-batch 4)
     with a tiny Qwen2 in place of the 1.5B model: one step, finite, adapters move."""
-    from launch.tiny_model import save_tiny_qwen2
+    from common.tiny_model import save_tiny_qwen2
 
     cfg = get_preset("gpu-8gb")
     cfg.model.name = str(save_tiny_qwen2(tmp_path / "qwen2"))
@@ -291,8 +294,8 @@ def test_gpu_8gb_learner_settings_run_one_step_on_cpu(tmp_path):
     learner = Learner(cfg)
     before = {n: p.detach().clone() for n, p in learner.params.items()}
     batch = make_batch(8, seed=3)
-    batch.prompt_ids = [batch.prompt_ids[i // 4] for i in range(8)]
-    metrics = learner.train_step(batch)
+    batch = replace(batch, prompt_ids=[batch.prompt_ids[i // 4] for i in range(8)])
+    metrics = learner.train_on(batch).row()
     assert np.isfinite(metrics["loss/policy"]) and metrics["grad/norm"] > 0
     assert metrics["tokens/active_seqs"] > 0
     assert any(not torch.equal(before[n], p) for n, p in learner.params.items())
@@ -303,7 +306,7 @@ def test_fisher_does_not_depend_on_batch_size():
     and 8 vs 32 sequences from one distribution agree within sampling noise (F of the batch's
     mean loss would shrink ~4x from 8 to 32)."""
     learner = Learner(tiny_cfg("lora"))
-    learner.train_step(make_batch(seed=0))
+    learner.train_on(make_batch(seed=0)).row()
     big = make_batch(32, seed=5)
     parts = [TrainBatch(big.prompt_ids[i:i + 8], big.completion_ids[i:i + 8],
                         big.old_logp[i:i + 8], big.entropy[i:i + 8], big.advantages[i:i + 8])
@@ -350,7 +353,7 @@ def test_logp_diff_is_measured_when_no_sequence_trains():
     batch = make_batch(4, seed=2)
     batch.advantages[:] = 0
     want = full_logprobs(learner.model, batch)
-    batch.old_logp = [w.detach().numpy() + 0.5 for w in want]  # behaviour off by exactly 0.5
-    metrics = learner.train_step(batch)
+    batch = replace(batch, old_logp=[w.detach().numpy() + 0.5 for w in want])  # off by 0.5
+    metrics = learner.train_on(batch).row()
     assert metrics["tokens/active_seqs"] == 0
     assert metrics["policy/logp_diff"] == pytest.approx(0.5, abs=1e-4)

@@ -1,4 +1,4 @@
-"""Tests for launch/models.py: name resolution, the cache, the tiny model and the embedded GGUF.
+"""Tests for common/models.py: name resolution, the cache, the tiny model and the embedded GGUF.
 
 Everything runs offline: HF_HUB_OFFLINE=1 and HOMERL_CACHE points into tmp_path, so no test
 touches the network or the user's real cache.
@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch import models as M
+from common import models as M
+from common.embedded import EmbeddedModel
 
 SAMPLE = "What is 3 + 4?\nAnswer: 7"
 
@@ -154,7 +155,7 @@ def test_uncached_hub_id_offline_is_a_one_line_error():
 
 def test_missing_wheel_is_a_one_line_error(monkeypatch):
     entry = M.EMBEDDED_MODELS["smollm2-135m-instruct"]
-    fake = M.EmbeddedModel(**{**entry.__dict__, "package": "homerl_tests_no_such_wheel"})
+    fake = EmbeddedModel(**{**entry.__dict__, "package": "homerl_tests_no_such_wheel"})
     monkeypatch.setitem(M.EMBEDDED_MODELS, "smollm2-135m-instruct", fake)
     message = _one_line_error("HuggingFaceTB/SmolLM2-135M-Instruct")
     assert message == (

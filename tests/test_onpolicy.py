@@ -22,9 +22,10 @@ import pytest
 import torch
 
 from actors.hf_worker import HFRolloutWorker
+from common.tiny_model import save_tiny_qwen2
+from common.types import RolloutCall, Sampling, TrainBatch
 from launch.presets import get_preset
-from launch.tiny_model import save_tiny_qwen2
-from learner.learner import Learner, TrainBatch
+from learner.learner import Learner
 
 HOSTILE = {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.3, "do_sample": True}
 PROMPTS = [{"question": q, "answer": "0"} for q in
@@ -95,7 +96,7 @@ def test_model_generation_config_cannot_change_what_is_sampled(hostile_qwen2, en
     with caplog.at_level("WARNING", logger="homerl.rollout"):
         worker = worker_for(engine, cfg)
     try:
-        batch = worker.generate(PROMPTS, G, {"seed": 1})
+        batch = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=1)))
     finally:
         if engine == "vllm":
             worker.shutdown()
@@ -110,26 +111,11 @@ def test_model_generation_config_cannot_change_what_is_sampled(hostile_qwen2, en
     assert abs(z) < 4.5, f"{engine}: samples are atypical of the learner's policy (z = {z:.1f})"
 
 
-def test_two_steps_through_ray_workers_at_staleness_0(hostile_qwen2, tmp_path):
+def test_two_steps_through_ray_workers_at_staleness_0(hostile_qwen2, tmp_path, run_job):
     """The real job (Ray actors, weight push after step 1): logp_diff < 1e-3 on every row."""
-    import json
-
-    import ray
-
-    from launch.train import Trainer
-
     cfg = make_cfg(hostile_qwen2)
     cfg.run.steps = 2
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        trainer = Trainer(cfg, str(tmp_path))
-        try:
-            trainer.run()
-        finally:
-            trainer.shutdown()
-    finally:
-        ray.shutdown()
-    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    _, rows, _ = run_job(cfg, tmp_path)
     assert [r["rollout/version"] for r in rows] == [0, 1]  # step 1 sampled the pushed update
     for r in rows:
         assert r["policy/staleness"] == 0
@@ -161,12 +147,12 @@ def test_qlora_workers_sample_from_the_learners_nf4_base(hostile_qwen2, engine):
     cfg = make_cfg(hostile_qwen2, engine, mode="qlora")
     learner = Learner(cfg)
     for s in range(2):  # LoRA B != 0: the adapter matters
-        learner.train_step(random_batch(seed=s))
+        learner.train_on(random_batch(seed=s)).row()
     payload = learner.export()
     worker = worker_for(engine, cfg)
     try:
         worker.set_weights(payload, learner.version)
-        batch = worker.generate(PROMPTS, G, {"seed": 2})
+        batch = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=2)))
     finally:
         if engine == "vllm":
             worker.shutdown()
@@ -190,13 +176,13 @@ def test_bf16_worker_keeps_the_head_fp32_and_the_adapter_unmerged(hostile_qwen2)
     cfg.model.dtype = "bf16"
     learner = Learner(cfg)
     for s in range(2):
-        learner.train_step(random_batch(seed=s))
+        learner.train_on(random_batch(seed=s)).row()
     payload = learner.export()
     worker = HFRolloutWorker(cfg, name="rollout-0")
     assert worker.model.get_output_embeddings().weight.dtype == torch.float32
     assert worker.model.model.embed_tokens.weight.dtype == torch.bfloat16
     worker.set_weights(payload, learner.version)
-    batch = worker.generate(PROMPTS, G, {"seed": 1})
+    batch = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=1)))
     want = learner_logprobs(learner, batch)
     diff = np.concatenate([np.abs(np.asarray(b) - w) for b, w in zip(batch.logprobs, want)])
     assert diff.mean() < 5e-3, diff.mean()
@@ -213,7 +199,7 @@ def test_greedy_evaluation_ignores_the_models_generation_config(hostile_qwen2):
     """launch.evaluate's decoder is greedy on the plain distribution: it matches an argmax
     loop, which the checkpoint's repetition penalty would break."""
     from actors.eval_worker import greedy_complete
-    from launch.models import load_model, load_tokenizer
+    from common.models import load_model, load_tokenizer
     from rewards import format_prompt
 
     model, tok = load_model(hostile_qwen2), load_tokenizer(hostile_qwen2)

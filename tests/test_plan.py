@@ -12,12 +12,30 @@ def close(x, ref, rel=0.15):
     return abs(x - ref) <= rel * ref
 
 
-def test_builtin_shapes_give_the_known_parameter_count():
-    recomputed = plan.Shapes(**{k: getattr(SHAPES, k) for k in
-                                ("layers", "hidden", "intermediate", "heads", "kv_heads",
-                                 "head_dim", "vocab", "tied")})
-    # the q/k/v biases (0.06%) are the only parameters the shape formula leaves out
-    assert close(recomputed.params, 1.78e9, rel=0.002)
+def test_shape_formula_counts_a_real_model_of_that_shape():
+    """The planner's parameter count against transformers' own Qwen2 of the same config, built
+    on the meta device (no memory, no download)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    s = SHAPES
+    config = Qwen2Config(hidden_size=s.hidden, intermediate_size=s.intermediate,
+                         num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                         num_key_value_heads=s.kv_heads, vocab_size=s.vocab,
+                         tie_word_embeddings=s.tied)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    real = sum(p.numel() for p in model.parameters())
+    assert SHAPES.params == real  # the built-in count (it includes the biases)
+    formula = plan.Shapes(**{k: getattr(s, k) for k in ("layers", "hidden", "intermediate",
+                                                         "heads", "kv_heads", "head_dim",
+                                                         "vocab", "tied")}).params
+    biases = s.layers * (s.heads + 2 * s.kv_heads) * s.head_dim  # q/k/v: left out by the formula
+    assert formula + biases == real
+    params = dict(model.named_parameters())
+    for name, (fan_in, fan_out) in s.linear_sizes().items():
+        block = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+        assert tuple(params[f"model.layers.0.{block}.{name}.weight"].shape) == (fan_out, fan_in)
 
 
 def test_gpu_8gb_matches_the_published_budget():

