@@ -235,15 +235,6 @@ class TrainBatch:
         return TrainBatch(join("prompt_ids"), join("completion_ids"), join("logprobs"),
                           join("entropy"), np.asarray(plan.advantages), plan.keep, plan.version)
 
-    def rows(self, idx) -> TrainBatch:
-        """The sequences `idx` (a slice or index list) as a batch of their own."""
-        pick = (lambda xs: xs[idx]) if isinstance(idx, slice) else (
-            lambda xs: [xs[i] for i in idx])
-        keep = None if self.keep is None else np.asarray(self.keep)[idx]
-        return TrainBatch(pick(self.prompt_ids), pick(self.completion_ids), pick(self.old_logp),
-                          pick(self.entropy), np.asarray(self.advantages)[idx], keep,
-                          self.version)
-
 
 @dataclass(frozen=True)
 class WeightUpdate:

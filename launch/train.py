@@ -12,9 +12,12 @@ As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `ro
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
         python -m launch.train --preset cpu-demo
 
-Data flow of step k: prompts k -> workers generate G completions each and verify them ->
-group-normalised advantages -> Learner.train_step; before the next rollout launch the newest
-weights are exported once into the object store and every worker loads that ref. Rollouts for
+Data flow of step k (typed objects from common/types.py at each hand-off): RolloutCall per
+worker share -> each worker generates G completions per prompt and verifies them, returning a
+RolloutSummary to the driver and leaving the RolloutBatch in the object store -> the driver's
+TrainPlan (group-normalised advantages) -> Learner.train_step(plan, *batch refs) -> LearnerStep;
+before the next rollout launch the newest WeightUpdate is exported once into the object store
+and every worker loads that ref. Rollouts for
 step k use weights version >= k - max_staleness, so with staleness 1 the rollout of step k+1
 runs while the learner trains on step k. With rollout.steps_per_call = F, F consecutive steps
 share one generate call (one bigger decode batch); max_staleness >= 2F - 1 keeps it overlapped.

@@ -262,18 +262,6 @@ def entropy_topk_mask(entropy: Tensor, mask: Tensor, rho: float) -> Tensor:
 # --------------------------------------------------------------------------- diagnostics
 
 
-@torch.no_grad()
-def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """Mean over selected tokens of (r - 1) - log r, r = exp(logp - old_logp) (k3 of the ratio).
-
-    (N, T) x3 -> () detached. Estimates KL(pi_old || pi); how far the update has moved.
-    """
-    sel = mask != 0
-    log_ratio = torch.where(sel, logp - old_logp, torch.zeros_like(logp))
-    k3 = torch.expm1(log_ratio) - log_ratio
-    return k3.sum() / sel.sum().clamp(min=1)
-
-
 @dataclass
 class LossStats:
     """Sums over the selected tokens of one micro-batch; `+` adds micro-batches of a step.

@@ -85,8 +85,9 @@ def test_resume_reproduces_uninterrupted_run(run_tiny, tmp_path, rollout):
     assert ckpts == ["ckpt-000002"]
     _, resumed, _ = run_tiny(tmp_path / "b", steps=6, resume=True, **rollout)
     assert [r["step"] for r in resumed] == list(range(6))
+    assert any(r["grad/norm"] > 0 for r in full[2:])  # the resumed steps do train
     for key in ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version",
-                "rollout/version"):
+                "rollout/version", "policy/logp_diff", "policy/entropy"):
         assert [r[key] for r in resumed] == [r[key] for r in full], key
 
 
