@@ -1,4 +1,5 @@
-"""Greedy decoding for evaluation, in process or as Ray actors that each take a shard.
+"""Decoding for evaluation (greedy, and k samples per question for pass@k), in process or as
+Ray actors that each take a shard.
 
 `launch.evaluate` uses `greedy_complete` directly on one machine, and `EvalWorker` actors (one
 per `--workers`, named `eval:<i>` in the dashboard) when a Ray cluster is up:
@@ -62,6 +63,29 @@ def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
     return out
 
 
+@torch.no_grad()
+def sample_complete(model, tokenizer, questions: list[str], max_new_tokens: int, k: int,
+                    seed: int = 0, batch_size: int = 32, desc: str = "sample",
+                    progress: bool = True) -> list[list[str]]:
+    """k completions per question sampled at temperature 1 from the model's plain distribution
+    (our generation config: no top-k/top-p, no penalties), batched; seeded per batch."""
+    config = own_generation(model, tokenizer, max_new_tokens, greedy=False)
+    config.num_return_sequences = k
+    prompts = [format_prompt(tokenizer, q) for q in questions]
+    per_batch = max(1, batch_size // k)
+    out: list[list[str]] = []
+    starts = range(0, len(prompts), per_batch)
+    for s in tqdm(starts, desc=desc, unit="batch", file=sys.stderr, disable=not progress):
+        enc = tokenizer(prompts[s: s + per_batch], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        torch.manual_seed(seed * 1_000_003 + s)
+        gen = model.generate(**enc, generation_config=config)                   # (b*k, L)
+        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:],
+                                       skip_special_tokens=True)
+        out += [texts[i * k: (i + 1) * k] for i in range(len(texts) // k)]
+    return out
+
+
 def completion_tokens(tokenizer, texts: list[str]) -> list[int]:
     """Token count of each completion (re-tokenised, as a user would count it)."""
     return [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
@@ -81,6 +105,12 @@ class EvalWorker:
         texts = greedy_complete(self.model, self.tokenizer, questions, max_new_tokens,
                                 batch_size, progress=False)
         return texts, completion_tokens(self.tokenizer, texts)
+
+    def sample(self, questions: list[str], max_new_tokens: int, k: int, seed: int,
+               batch_size: int) -> list[list[str]]:
+        """k sampled completions per question (see `sample_complete`)."""
+        return sample_complete(self.model, self.tokenizer, questions, max_new_tokens, k, seed,
+                               batch_size, progress=False)
 
     def ping(self) -> dict:
         return {"pid": os.getpid(), "threads": torch.get_num_threads()}

@@ -100,14 +100,6 @@ class Curriculum:
             idx = [order[i % len(order)] for i in idx]
         return self.stage, [self.tasks[self.stage].train_sample(i) for i in idx]
 
-    def heldout_sets(self, n: int) -> dict[str, list[dict]]:
-        """One held-out set per distinct stage task, named like `arith-1`."""
-        out = {}
-        for s, task in zip(self.stages, self.tasks):
-            out.setdefault(f"{s.task}-{s.level}" if s.task == "arith" else s.task,
-                           task.heldout(n))
-        return out
-
     def state_dict(self) -> dict:
         return {"stage": self.stage, "stage_start": self.stage_start,
                 "recent": list(self.recent), "orders": self.orders}

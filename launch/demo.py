@@ -1,11 +1,15 @@
 """`make demo`: evaluate the embedded model, train it with GRPO, evaluate again, compare.
 
-    python -m launch.demo                       # cpu-demo preset, ~15-25 min on 2 cores
-    python -m launch.demo --preset tiny --steps 4
+    python -m launch.demo                       # cpu-demo preset on 2 cores (README: timings)
+    python -m launch.demo --preset tiny --steps 4 --run.eval_n 8
 
-Held-out level-1 arithmetic problems never appear in training (rewards/tasks.py). Accuracy is
-the verifier's score (right final number, any extraction rule); `strict` also needs the asked
-`Answer: N` final line; `format` is the share of completions in that format.
+The held-out sets never appear in training (rewards/arith.py): `seen` uses the question templates
+training uses (other questions), `unseen` only templates training never saw, so it measures
+transfer to new phrasings, not a memorised wording. Accuracy is greedy, the right final number
+by any rule the lenient parser accepts; `strict` also needs the asked `Answer: N` final line;
+`format` is the share of completions in that format; pass@1 and pass@8 come from 8 samples per
+question at temperature 1. Three completions per split, before and after, are printed, picked
+at random (the same questions for both), not the best.
 """
 
 from __future__ import annotations
@@ -24,24 +28,57 @@ from launch.evaluate import evaluate, load_for_eval
 from launch.train import Trainer
 from rewards import make_task
 
+SAMPLES = 8
+"""completions per question for pass@k"""
+ROWS = (("accuracy (greedy)", "accuracy"), ("strict accuracy", "strict_accuracy"),
+        ("format rate", "format_rate"), ("pass@1 (T=1)", "pass@1"),
+        (f"pass@{SAMPLES} (T=1)", f"pass@{SAMPLES}"), ("mean tokens", "mean_completion_tokens"))
 
-def _eval(model_path: str, samples: list[dict], cfg, desc: str) -> dict:
+
+def demo_sets(cfg) -> dict[str, list[dict]]:
+    """The held-out splits of the preset's task: seen and unseen templates (arith)."""
+    c = cfg.curriculum
+    task = make_task(c.task, c.level, c.data_path or None)
+    if c.task != "arith":
+        return {c.task: task.heldout(cfg.run.eval_n)}
+    return {split: task.heldout(cfg.run.eval_n, split) for split in ("seen", "unseen")}
+
+
+def _eval(model_path: str, sets: dict, cfg, tag: str) -> dict:
     model, tok = load_for_eval(model_path, torch.float32)
-    return evaluate(model, tok, samples, max_new_tokens=cfg.rollout.max_new_tokens, desc=desc)
+    return {name: evaluate(model, tok, samples, max_new_tokens=cfg.rollout.max_new_tokens,
+                           desc=f"{tag} {name}", k=SAMPLES) for name, samples in sets.items()}
 
 
-def _table(before: dict, after: dict) -> str:
-    rows = [("accuracy", "accuracy"), ("strict accuracy", "strict_accuracy"),
-            ("format rate", "format_rate"), ("mean tokens", "mean_completion_tokens")]
-    lines = [f"{'held-out level-1 arithmetic':<28}{'base':>10}{'trained':>10}{'change':>10}"]
-    for label, key in rows:
-        b, a = before[key], after[key]
-        if key == "mean_completion_tokens":
-            lines.append(f"{label:<28}{b:>10.1f}{a:>10.1f}{a - b:>+10.1f}")
-        else:
-            lines.append(f"{label:<28}{b:>10.1%}{a:>10.1%}{(a - b) * 100:>+9.1f}p")
-    lines.append(f"{'problems':<28}{before['n']:>10}{after['n']:>10}")
+def table(before: dict, after: dict, title: str) -> str:
+    """Base vs trained per split, one metric per row."""
+    labels = [f"{name} (n={before[name]['n']})" for name in before]
+    head = f"{title:<24}" + "".join(f"{label:^30}" for label in labels)
+    sub = f"{'':<24}" + f"{'base':>10}{'trained':>10}{'change':>10}" * len(before)
+    lines = [head, sub]
+    for label, key in ROWS:
+        cells = ""
+        for name in before:
+            b, a = before[name][key], after[name][key]
+            if key == "mean_completion_tokens":
+                cells += f"{b:>10.1f}{a:>10.1f}{a - b:>+10.1f}"
+            else:
+                cells += f"{b:>10.1%}{a:>10.1%}{(a - b) * 100:>+9.1f}p"
+        lines.append(f"{label:<24}{cells}")
     return "\n".join(lines)
+
+
+def examples(before: dict, after: dict) -> str:
+    """The same random questions per split, base and trained completions."""
+    out = []
+    for name in before:
+        for b, a in zip(before[name]["examples"], after[name]["examples"]):
+            out.append(f"[{name}] Q: {b['question']}  (answer {b['answer']})\n"
+                       f"   base    ({'right' if b['correct'] else 'wrong'}): "
+                       f"{b['completion'].strip()!r}\n"
+                       f"   trained ({'right' if a['correct'] else 'wrong'}): "
+                       f"{a['completion'].strip()!r}")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -50,31 +87,35 @@ def main(argv=None) -> int:
     run_dir = cfg.run.run_dir or run_io.default_run_dir()
     torch.set_num_threads(os.cpu_count() or 1)
     print(f"[1/4] model {cfg.model.name}: {resolve_model(cfg.model.name)}", flush=True)
-    samples = make_task(cfg.curriculum.task, cfg.curriculum.level,
-                        cfg.curriculum.data_path or None).heldout(cfg.run.eval_n)
-    print(f"[2/4] evaluating the base model on {len(samples)} held-out problems", flush=True)
-    before = _eval(resolve_model(cfg.model.name), samples, cfg, "eval base")
-    print(f"      accuracy {before['accuracy']:.1%}, format {before['format_rate']:.1%}")
+    sets = demo_sets(cfg)
+    sizes = ", ".join(f"{n} {name}" for name, n in ((k, len(v)) for k, v in sets.items()))
+    print(f"[2/4] evaluating the base model on held-out problems ({sizes})", flush=True)
+    before = _eval(resolve_model(cfg.model.name), sets, cfg, "base")
     print(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps -> {run_dir}", flush=True)
+    t_train = time.perf_counter()
     trainer = Trainer(cfg, run_dir)
     try:
         summary = trainer.run()
     finally:
         trainer.shutdown()
+    train_s = time.perf_counter() - t_train
     torch.set_num_threads(os.cpu_count() or 1)
     print("[4/4] evaluating the trained model", flush=True)
-    after = _eval(summary["final"], samples, cfg, "eval trained")
-    result = {"before": before, "after": after, "train": summary,
+    after = _eval(summary["final"], sets, cfg, "trained")
+    result = {"before": before, "after": after, "train": summary, "train_wall_s": train_s,
               "wall_s": time.perf_counter() - t0}
     with open(os.path.join(run_dir, "demo.json"), "w") as f:
         json.dump(result, f, indent=2)
+    title = (f"held-out {cfg.curriculum.task}-{cfg.curriculum.level}"
+             if cfg.curriculum.task == "arith" else f"held-out {cfg.curriculum.task}")
     print()
-    print(_table(before, after))
-    print(f"\ntraining: {summary['steps']} steps, median {summary['s_per_step_median']:.1f} s/step;"
-          f" demo wall time {result['wall_s'] / 60:.1f} min")
-    print(f"run directory: {run_dir}  (metrics.jsonl, samples.jsonl, curves.png, final/)")
-    for ex in after["examples"][:2]:
-        print(f"  Q: {ex['question']}\n  A: {ex['completion'].strip()!r}")
+    print(table(before, after, title))
+    print(f"\ntraining: {summary['steps']} steps in {train_s / 60:.1f} min (median "
+          f"{summary['s_per_step_median']:.1f} s/step); demo wall time "
+          f"{result['wall_s'] / 60:.1f} min")
+    print(f"run directory: {run_dir}  (metrics.jsonl, samples.jsonl, curves.png, final/, "
+          "demo.json)\n")
+    print(examples(before, after))
     return 0
 
 

@@ -1,8 +1,20 @@
-"""Greedy evaluation on held-out problems: accuracy, format rate, mean completion length.
+"""Evaluation on held-out problems: greedy accuracy, strict accuracy, format rate, pass@k.
 
     python -m launch.evaluate --model smollm2-135m-instruct --task arith --level 1 --n 200
-    python -m launch.evaluate --model runs/<run>/final --task arith --level 1 --n 200
+    python -m launch.evaluate --model smollm2-135m-instruct --model runs/<run>/final \
+        --sets arith-1,arith-1-unseen --samples 8
+    python -m launch.evaluate --model runs/<run>/final --data my_problems.jsonl
     python -m launch.evaluate --model runs/<run>/final --task gsm8k --data train.jsonl --n 100
+
+Sets: `arith-L` (level L's held-out questions in the templates training uses), `arith-L-unseen`
+(held-out templates: phrasings never trained on), `gsm8k` (the held-out part of `--data`), or
+`--data FILE` alone: every line of a user's JSONL file (`question`, `answer`: a number or
+GSM8K's `#### N`; a malformed line is a one-line error naming the line and the field).
+
+Metrics per set: `accuracy` (greedy; the right final number by any rule the lenient parser
+accepts), `strict_accuracy` (right and in the asked `Answer: N` final line), `format_rate`,
+and with `--samples K`, pass@1 and pass@K from K completions per question at temperature 1
+(the unbiased estimator 1 - C(K-c, k)/C(K, k), c of K correct).
 
 `--model` takes an embedded name, a hub id, a local checkpoint, or a run's `final/` adapter.
 With a Ray cluster up (RAY_ADDRESS set, e.g. under `ray job submit`) or `--workers N`, the
@@ -14,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import sys
 import time
 
@@ -22,24 +36,47 @@ import ray
 import torch
 from tqdm import tqdm
 
-from actors.eval_worker import EvalWorker, completion_tokens, greedy_complete, load_for_eval
+from actors.eval_worker import (
+    EvalWorker,
+    completion_tokens,
+    greedy_complete,
+    load_for_eval,
+    sample_complete,
+)
 from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
 from rewards import DatasetError, VerifierPool, make_task
+from rewards.evalfile import read_eval_file
 
-__all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "score", "table"]
+__all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "pass_at_k", "score",
+           "table"]
 
 
-def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float) -> dict:
-    """Accuracy, strict accuracy, format rate, n and mean length of completions of `samples`.
+EXAMPLES = 3
+"""completions shown per set, picked at random (seeded), not the best"""
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n; got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float,
+          sampled: list[list[str]] | None = None) -> dict:
+    """Metrics of greedy completions `texts` (and `sampled`: K completions per sample).
 
     accuracy: right final number by any extraction rule; strict: right and in the asked
-    `Answer: N` final-line format; format_rate: share in that format.
+    `Answer: N` final-line format; format_rate: share in that format; pass@1, pass@K.
     """
+    answers = [s["answer"] for s in samples]
     with VerifierPool() as pool:
-        results = pool.score(texts, [s["answer"] for s in samples])
+        results = pool.score(texts, answers)
+        flat = [t for group in sampled or [] for t in group]
+        graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g])
     n = len(samples)
-    return {
+    out = {
         "accuracy": sum(r.score for r in results) / n,
         "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
         "format_rate": sum(r.format_score == 1.0 for r in results) / n,
@@ -47,31 +84,44 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
         "mean_completion_tokens": sum(lengths) / n,
         "errors": sum(r.error is not None for r in results),
         "wall_s": wall_s,
-        "examples": [{"question": s["question"], "answer": s["answer"], "completion": t}
-                     for s, t in list(zip(samples, texts))[:3]],
     }
+    if sampled:
+        k = len(sampled[0])
+        correct = [sum(r.score == 1.0 for r in graded[i * k: (i + 1) * k]) for i in range(n)]
+        out.update({"samples": k, "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / n,
+                    f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / n})
+    pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
+    out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
+                        "completion": texts[i], "correct": results[i].score == 1.0}
+                       for i in pick]
+    return out
 
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
-             batch_size: int = 32, desc: str = "eval") -> dict:
-    """Greedy completions of `samples` from an in-process model, scored (see `score`)."""
+             batch_size: int = 32, desc: str = "eval", k: int = 0) -> dict:
+    """Greedy completions of `samples` from an in-process model (and k sampled ones each when
+    k > 0), scored (see `score`)."""
     t0 = time.perf_counter()
-    texts = greedy_complete(model, tokenizer, [s["question"] for s in samples], max_new_tokens,
-                            batch_size, desc)
+    questions = [s["question"] for s in samples]
+    texts = greedy_complete(model, tokenizer, questions, max_new_tokens, batch_size, desc)
+    sampled = (sample_complete(model, tokenizer, questions, max_new_tokens, k,
+                               batch_size=batch_size, desc=f"{desc} x{k}") if k else None)
     lengths = completion_tokens(tokenizer, texts)
-    return score(samples, texts, lengths, time.perf_counter() - t0)
+    return score(samples, texts, lengths, time.perf_counter() - t0, sampled)
 
 
 def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, batch_size: int,
-                     desc: str = "eval") -> dict:
+                     desc: str = "eval", k: int = 0) -> dict:
     """The same as `evaluate`, with `samples` split into contiguous shards over Ray workers."""
     t0 = time.perf_counter()
-    n, k = len(samples), len(workers)
-    bounds = [i * n // k for i in range(k + 1)]
-    refs = [w.complete.remote([s["question"] for s in samples[lo:hi]], max_new_tokens, batch_size)
-            for w, lo, hi in zip(workers, bounds, bounds[1:])]
-    pending = list(refs)
-    with tqdm(total=k, desc=desc, unit="shard", file=sys.stderr) as bar:
+    n, w = len(samples), len(workers)
+    bounds = [i * n // w for i in range(w + 1)]
+    shards = [[s["question"] for s in samples[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
+    refs = [a.complete.remote(q, max_new_tokens, batch_size) for a, q in zip(workers, shards)]
+    sample_refs = ([a.sample.remote(q, max_new_tokens, k, lo, batch_size)
+                    for a, q, lo in zip(workers, shards, bounds)] if k else [])
+    pending = refs + sample_refs
+    with tqdm(total=len(pending), desc=desc, unit="shard", file=sys.stderr) as bar:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             bar.update(len(done))
@@ -79,8 +129,9 @@ def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, ba
     for shard_texts, shard_lengths in ray.get(refs):  # shard order = sample order
         texts += shard_texts
         lengths += shard_lengths
-    result = score(samples, texts, lengths, time.perf_counter() - t0)
-    return {**result, "workers": k}
+    sampled = [g for shard in ray.get(sample_refs) for g in shard] if k else None
+    result = score(samples, texts, lengths, time.perf_counter() - t0, sampled)
+    return {**result, "workers": w}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,11 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, action="append",
                    help="model name, local path, or a run's final/ (repeat for a table)")
     p.add_argument("--sets", default=None,
-                   help="comma-separated held-out sets, e.g. arith-1,arith-2,arith-3,gsm8k "
-                        "(overrides --task/--level; prints a models x sets table)")
-    p.add_argument("--task", default="arith", choices=["arith", "gsm8k"], help="held-out task")
+                   help="comma-separated held-out sets: arith-1..3, arith-1-unseen..arith-3-"
+                        "unseen, gsm8k (overrides --task/--level; prints a models x sets table)")
+    p.add_argument("--task", default=None, choices=["arith", "gsm8k"],
+                   help="held-out task (default arith, or your --data file when given alone)")
     p.add_argument("--level", type=int, default=1, choices=[1, 2, 3], help="arithmetic level")
-    p.add_argument("--data", default=None, help="GSM8K-style JSONL for --task gsm8k")
+    p.add_argument("--data", default=None,
+                   help="JSONL: alone, every line is scored ({question, answer}); with --task "
+                        "gsm8k or a gsm8k set, the GSM8K file whose held-out part is scored")
+    p.add_argument("--samples", type=int, default=0,
+                   help="also sample K completions per question at temperature 1: pass@1 and "
+                        "pass@K (0: greedy only)")
     p.add_argument("--n", type=int, default=200, help="held-out problems to score")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call")
@@ -107,29 +164,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SET_NAMES = ("arith-1", "arith-2", "arith-3", "arith-1-unseen", "arith-2-unseen",
+             "arith-3-unseen", "gsm8k")
+
+
 def heldout_sets(spec: str, n: int, data: str | None) -> dict[str, list[dict]]:
-    """Parse `arith-1,arith-2,gsm8k` into named held-out sets of up to n problems each."""
+    """Parse `arith-1,arith-1-unseen,gsm8k` into named held-out sets of up to n problems."""
     sets = {}
     for name in [s.strip() for s in spec.split(",") if s.strip()]:
-        task, _, level = name.partition("-")
-        if task not in ("arith", "gsm8k") or (task == "arith" and level not in ("1", "2", "3")):
-            raise ValueError(f"--sets: {name!r} must be arith-1, arith-2, arith-3 or gsm8k")
-        sets[name] = make_task(task, int(level or 1), data).heldout(n)
+        if name not in SET_NAMES:
+            raise ValueError(f"--sets: {name!r} must be one of {', '.join(SET_NAMES)}")
+        if name == "gsm8k":
+            sets[name] = make_task("gsm8k", 0, data).heldout(n)
+            continue
+        level, split = int(name.split("-")[1]), "unseen" if name.endswith("unseen") else "seen"
+        sets[name] = make_task("arith", level).heldout(n, split)
     return sets
+
+
+def requested_sets(args) -> dict[str, list[dict]]:
+    """The sets the CLI asks for: --sets, else a user's --data file, else --task/--level."""
+    if args.sets:
+        return heldout_sets(args.sets, args.n, args.data)
+    if args.data and args.task is None:
+        return {os.path.splitext(os.path.basename(args.data))[0]: read_eval_file(args.data)}
+    if args.task == "gsm8k":
+        return heldout_sets("gsm8k", args.n, args.data)
+    return heldout_sets(f"arith-{args.level}", args.n, None)
 
 
 def table(results: list[dict], sets: list[str], key: str = "accuracy") -> str:
     """Rows: models; columns: held-out sets; cells: `key` in percent."""
     width = max(12, *(len(r["model"]) for r in results))
-    lines = [f"{key:<{width}}" + "".join(f"{s:>10}" for s in sets)]
+    cols = [max(10, len(s) + 2) for s in sets]
+    lines = [f"{key:<{width}}" + "".join(f"{s:>{c}}" for s, c in zip(sets, cols))]
     for r in results:
         lines.append(f"{r['model']:<{width}}" + "".join(
-            f"{r['sets'][s][key]:>10.1%}" for s in sets))
+            f"{r['sets'][s][key]:>{c}.1%}" for s, c in zip(sets, cols)))
     return "\n".join(lines)
 
 
 def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new_tokens: int,
-                  batch_size: int, workers: int = 0, threads: int = 1) -> list[dict]:
+                  batch_size: int, workers: int = 0, threads: int = 1, k: int = 0
+                  ) -> list[dict]:
     """Every model on every set: [{"model", "sets": {set: result}}].
 
     workers > 0: each model is loaded by that many `EvalWorker` actors (`threads` torch threads
@@ -142,14 +219,14 @@ def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new
             actors = [EvalWorker.options(name=f"eval:{i}", num_cpus=threads).remote(
                 name, str(dtype).removeprefix("torch."), threads) for i in range(workers)]
             try:
-                res = {s: evaluate_sharded(actors, samples, max_new_tokens, batch_size, s)
+                res = {s: evaluate_sharded(actors, samples, max_new_tokens, batch_size, s, k)
                        for s, samples in sets.items()}
             finally:
                 for a in actors:
                     ray.kill(a)
         else:
             model, tok = load_for_eval(name, dtype)
-            res = {s: evaluate(model, tok, samples, max_new_tokens, batch_size, desc=s)
+            res = {s: evaluate(model, tok, samples, max_new_tokens, batch_size, desc=s, k=k)
                    for s, samples in sets.items()}
         out.append({"model": name, "sets": res})
     return out
@@ -188,18 +265,22 @@ def main(argv=None) -> int:
     if args.workers is not None and args.workers < 0:
         print("launch.evaluate: error: --workers: must be >= 0", file=sys.stderr)
         return 2
+    if args.samples < 0 or args.samples == 1:
+        print("launch.evaluate: error: --samples: must be 0 (greedy only) or >= 2",
+              file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_supports_bf16())
-    spec = args.sets or (f"arith-{args.level}" if args.task == "arith" else "gsm8k")
     try:
-        sets = heldout_sets(spec, args.n, args.data)
+        sets = requested_sets(args)
         threads = args.threads or 1
         for name in args.model:
             resolve_model_or_final(name)  # a missing model fails before Ray starts
         workers = connect_for_eval(args.workers, threads)
         results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
-                                args.max_new_tokens, args.batch_size, workers, threads)
+                                args.max_new_tokens, args.batch_size, workers, threads,
+                                args.samples)
     except (ModelNotFoundError, DatasetError, ValueError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import ray
 import torch
 
@@ -40,3 +41,92 @@ def test_cli_writes_result(tmp_path):
     assert main(["--model", MODEL, "--n", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["n"] == 2 and res["set"] == "arith-1" and "workers" not in res
+
+
+def test_pass_at_k_by_hand():
+    from launch.evaluate import pass_at_k
+
+    assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 8, 8) == 1.0
+    assert pass_at_k(8, 2, 1) == pytest.approx(2 / 8)
+    assert pass_at_k(8, 1, 8) == 1.0  # one right sample of 8: pass@8 = 1
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_score_separates_format_from_skill_on_hand_made_completions():
+    from launch.evaluate import score
+
+    samples = [{"question": f"q{i}", "answer": a} for i, a in enumerate(["5", "7", "9", "4"])]
+    texts = ["2 + 3 = 5\nAnswer: 5",   # right, in format
+             "3 + 4 = 7",              # right, no final line: accuracy but not strict
+             "Answer: 8",              # wrong, in format
+             "no idea"]                # wrong, no format
+    sampled = [["Answer: 5"] * 8,                                  # 8 of 8 right
+               ["Answer: 7"] + ["Answer: 1"] * 7,                  # 1 of 8
+               ["Answer: 1"] * 8,                                  # 0 of 8
+               ["Answer: 4", "Answer: 4"] + ["nothing"] * 6]       # 2 of 8
+    out = score(samples, texts, [4, 4, 2, 2], 1.0, sampled)
+    assert out["accuracy"] == pytest.approx(2 / 4)
+    assert out["strict_accuracy"] == pytest.approx(1 / 4)
+    assert out["format_rate"] == pytest.approx(2 / 4)
+    assert out["pass@1"] == pytest.approx((8 + 1 + 0 + 2) / 32)
+    assert out["pass@8"] == pytest.approx(3 / 4)
+    assert out["samples"] == 8 and out["n"] == 4 and out["mean_completion_tokens"] == 3
+    assert len(out["examples"]) == 3 and {e["correct"] for e in out["examples"]} <= {True, False}
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_user_file_of_200_lines_is_scored_line_by_line(tmp_path):
+    lines = [json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) for i in range(100)]
+    lines += [json.dumps({"question": f"Q{i}", "answer": f"work...\n#### {i}"})
+              for i in range(99)]
+    lines += [json.dumps({"question": "Half of 7?", "answer": "3.5"}), ""]  # blank: skipped
+    path = _write(tmp_path / "mine.jsonl", lines)
+    out = tmp_path / "r.json"
+    assert main(["--model", MODEL, "--data", path, "--max-new-tokens", "4",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["set"] == "mine" and res["n"] == 200
+
+
+@pytest.mark.parametrize("line,want", [
+    ('{"question": "What is 1+1?"}', "mine.jsonl:3: field 'answer'"),
+    ('{"question": "", "answer": 2}', "mine.jsonl:3: field 'question'"),
+    ('{"question": "Q", "answer": "two"}', "mine.jsonl:3: field 'answer'"),
+    ('{"question": "Q", "answer": 2', "mine.jsonl:3: not a JSON object"),
+    ('[1, 2]', "mine.jsonl:3: not a JSON object"),
+])
+def test_broken_user_file_is_a_one_line_error_naming_the_line(tmp_path, capsys, line, want):
+    good = json.dumps({"question": "What is 2+2?", "answer": 4})
+    path = _write(tmp_path / "mine.jsonl", [good, good, line, good])
+    capsys.readouterr()
+    assert main(["--model", MODEL, "--data", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and want in err[0], err
+
+
+def test_seen_and_unseen_sets_with_samples(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["--model", MODEL, "--sets", "arith-1,arith-1-unseen", "--n", "3",
+                 "--max-new-tokens", "4", "--samples", "2", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert set(row["sets"]) == {"arith-1", "arith-1-unseen"}
+    for res in row["sets"].values():
+        assert res["n"] == 3 and res["samples"] == 2 and 0 <= res["pass@1"] <= res["pass@2"]
+
+
+def test_demo_runs_end_to_end_on_the_tiny_preset(tmp_path, ray_cluster, capsys):
+    from launch.demo import main as demo
+
+    assert demo(["--preset", "tiny", "--steps", "2", "--run.eval_n", "3",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    text = capsys.readouterr().out
+    assert "seen (n=3)" in text and "unseen (n=3)" in text and "pass@8" in text
+    assert text.count("[seen] Q:") == 3 and text.count("[unseen] Q:") == 3
+    result = json.loads((tmp_path / "run" / "demo.json").read_text())
+    assert set(result["before"]) == {"seen", "unseen"} and result["train"]["steps"] == 2

@@ -29,9 +29,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def head_node(tmp_path):
-    if ray_is_connected():
-        pytest.skip("a Ray session is already connected in this process")
+def head_node(tmp_path, own_ray):
+    """A `ray start --head` cluster of its own (the shared test cluster is shut down first: two
+    clusters on 2 cores starve each other)."""
     gcs, dash = _free_port(), _free_port()
     # The job's `python` is the one on the head node's PATH: put this venv first, as a user
     # who ran `. .venv/bin/activate` before `ray start` would have it.
@@ -82,12 +82,6 @@ def wait_for_dashboard(address: str, env: dict, head, attempts: int = 90) -> Non
             return
         time.sleep(2)
     raise TimeoutError(f"Ray dashboard at {address} did not answer")
-
-
-def ray_is_connected() -> bool:
-    import ray
-
-    return ray.is_initialized()
 
 
 def submit(cmd, env, attempts: int = 20):

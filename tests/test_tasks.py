@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from rewards.arith import is_heldout_question, level1_space
+from rewards.arith import (
+    HELDOUT_SIZE,
+    SPLITS,
+    is_heldout_question,
+    level1_facts,
+    templates,
+)
+from rewards.phrasings import binary_text, words
 from rewards.tasks import (
     INSTRUCTION,
     ArithmeticTask,
@@ -20,7 +27,7 @@ from rewards.tasks import (
 from rewards.verifiers import verify
 
 GSM8K_TRAIN = Path(__file__).resolve().parents[2] / "shared/data/gsm8k/train.jsonl"
-SAMPLE_KEYS = {"id", "question", "answer", "task", "level"}
+SAMPLE_KEYS = {"id", "question", "answer", "task", "level", "template", "split"}
 BINARY_RE = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")
 
 
@@ -32,32 +39,56 @@ def test_arith_deterministic_per_seed(level):
     assert samples[0].keys() == SAMPLE_KEYS and samples[0]["level"] == level
     other = [ArithmeticTask(level, seed=8).train_sample(i) for i in range(200)]
     assert [s["question"] for s in samples] != [s["question"] for s in other]
-    assert first.heldout(20) == ArithmeticTask(level, seed=99).heldout(20)  # seed-free
+    for split in SPLITS:  # seed-free
+        assert first.heldout(20, split) == ArithmeticTask(level, seed=99).heldout(20, split)
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
-def test_arith_heldout_never_in_training(level):
+def test_arith_heldout_splits_never_reach_training(level):
+    """Neither held-out split appears in a long training stream, and no unseen template is
+    ever trained on: the unseen split measures transfer to new phrasings."""
     task = ArithmeticTask(level, seed=0)
-    heldout = {s["question"] for s in task.heldout(200)}
-    assert heldout and all(is_heldout_question(q) for q in heldout)
-    training = {task.train_sample(i)["question"] for i in range(5000)}
-    assert heldout.isdisjoint(training)
+    seen = task.heldout(HELDOUT_SIZE, "seen")
+    unseen = task.heldout(HELDOUT_SIZE, "unseen")
+    assert len(seen) == len(unseen) == HELDOUT_SIZE >= 150
+    assert all(is_heldout_question(s["question"]) for s in seen)
+    for split in (seen, unseen):
+        assert len({s["question"] for s in split}) == len(split)  # distinct
+    training = [task.train_sample(i) for i in range(20_000)]
+    questions = {s["question"] for s in training}
+    assert questions.isdisjoint(s["question"] for s in seen)
+    assert questions.isdisjoint(s["question"] for s in unseen)
+    unseen_names = {t.__name__ for t in templates(level, "unseen")}
+    assert {s["template"] for s in unseen} == unseen_names
+    assert not unseen_names & {s["template"] for s in training}
+    assert {s["template"] for s in training} == {t.__name__ for t in templates(level, "seen")}
+    assert len(templates(level, "seen")) + len(unseen_names) >= 12 and len(unseen_names) >= 3
 
 
-def test_arith_level1_heldout_is_capped_and_distinct():
-    task = ArithmeticTask(1, seed=0)
-    reserved = [p for p in level1_space() if is_heldout_question(p[0])]
-    heldout = task.heldout(1000)
-    assert len(heldout) == len(reserved) < 1000
-    assert len({s["question"] for s in heldout}) == len(heldout)
-    assert task.heldout(5) == heldout[:5]
-    assert len(level1_space()) == len({q for q, _ in level1_space()}) == 155
+@pytest.mark.parametrize("split", SPLITS)
+def test_level1_texts_are_unambiguous_and_answers_right(split):
+    """Every (template, fact) text of level 1 determines one answer, and samples carry it."""
+    answer_of = {}
+    for template in templates(1, split):
+        for a, op, b in level1_facts():
+            text = binary_text(template, a, op, b)
+            want = a + b if op == "+" else a - b
+            assert answer_of.setdefault(text, want) == want, text  # no ambiguous phrasing
+    task = ArithmeticTask(1, seed=3)
+    samples = task.heldout(HELDOUT_SIZE, split)
+    if split == "seen":
+        samples += [task.train_sample(i) for i in range(500)]
+    for sample in samples:
+        assert sample["answer"] == str(answer_of[sample["question"]])
 
 
 @pytest.mark.parametrize("level", [1, 2])
-def test_arith_answers_are_correct(level):
+def test_bare_expression_answers_are_correct(level):
     task = ArithmeticTask(level, seed=3)
-    for sample in [task.train_sample(i) for i in range(500)] + task.heldout(30):
+    samples = [task.train_sample(i) for i in range(2000)] + task.heldout(HELDOUT_SIZE)
+    bare = [s for s in samples if s["template"] == "_t_what"]
+    assert len(bare) > 20
+    for sample in bare:
         a, op, b = BINARY_RE.match(sample["question"]).groups()
         a, b = int(a), int(b)
         assert sample["answer"] == str({"+": a + b, "-": a - b, "*": a * b}[op])
@@ -65,11 +96,19 @@ def test_arith_answers_are_correct(level):
             assert a < 10 and b < 10 and op in "+-"
 
 
+def test_number_words():
+    assert [words(n) for n in (0, 7, 13, 20, 42, 100, 305, 999)] == [
+        "zero", "seven", "thirteen", "twenty", "forty-two", "one hundred",
+        "three hundred five", "nine hundred ninety-nine"]
+    with pytest.raises(ValueError):
+        words(1000)
+
+
 def test_arith_level3_word_problems():
     task = ArithmeticTask(3, seed=0)
     samples = [task.train_sample(i) for i in range(300)]
     assert all(s["answer"].isdigit() for s in samples)  # non-negative integers
-    assert len({s["question"].split()[1] for s in samples}) > 3  # several templates
+    assert len({s["template"] for s in samples}) == len(templates(3, "seen"))
     sample = samples[0]
     assert verify(f"Steps...\nAnswer: {sample['answer']}", sample["answer"]).score == 1.0
 
@@ -143,7 +182,7 @@ def test_gsm8k_real_file():
     heldout = task.heldout(200)
     assert len(heldout) == 200 and task.bad_lines == []
     sample = task.train_sample(0)
-    assert sample.keys() == SAMPLE_KEYS and sample["task"] == "gsm8k"
+    assert sample.keys() == SAMPLE_KEYS - {"template", "split"} and sample["task"] == "gsm8k"
     assert re.fullmatch(r"-?\d+(\.\d+)?", sample["answer"])
     heldout_questions = {s["question"] for s in heldout}
     assert all(task.train_sample(i)["question"] not in heldout_questions for i in range(2000))

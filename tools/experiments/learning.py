@@ -1,0 +1,121 @@
+"""Does a recipe teach arithmetic that transfers to new phrasings? Train it on several seeds.
+
+    python -m tools.experiments.learning --seeds 0 1 2                     # the cpu-demo recipe
+    python -m tools.experiments.learning --seeds 0 --tag lr1e-3 -- --grpo.lr 1e-3 --steps 120
+    python -m tools.experiments.learning --preset tiny --seeds 0 --eval-n 4 -- --steps 2  # smoke
+
+Everything after `--` is a `launch.train` flag applied to the preset. For every seed: train
+(a local Ray cluster, the real driver), then score the final adapter greedily on the held-out
+level splits `seen` (training's templates, other questions) and `unseen` (templates never
+trained on). The base model is scored once (greedy is seed-free). Prints one table, mean and
+range over seeds of the change against the base, and writes `OUT/<tag>/results.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from common.config import ConfigError
+from launch.cli import parse_config
+from launch.evaluate import evaluate, load_for_eval
+from launch.train import Trainer
+from rewards import make_task
+
+METRICS = ("accuracy", "strict_accuracy", "format_rate")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="tools.experiments.learning",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--preset", default="cpu-demo")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out questions per split")
+    p.add_argument("--tag", default="recipe", help="name of this arm (results sub-directory)")
+    p.add_argument("--out", default="runs/learning", help="results directory")
+    p.add_argument("train_flags", nargs=argparse.REMAINDER,
+                   help="-- then launch.train flags for every seed")
+    args = p.parse_args(argv)
+    if args.train_flags[:1] == ["--"]:
+        args.train_flags = args.train_flags[1:]
+    return args
+
+
+def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tok = load_for_eval(model_path, torch.float32)
+    out = {}
+    for name, samples in sets.items():
+        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
+        out[name] = {m: res[m] for m in METRICS} | {"n": res["n"]}
+    return out
+
+
+def summarize(base: dict, runs: list[dict]) -> dict:
+    """{split: {metric: {base, mean, min, max, change}}} over the seeds' final scores."""
+    out = {}
+    for split in base:
+        out[split] = {}
+        for m in METRICS:
+            vals = [r["scores"][split][m] for r in runs]
+            out[split][m] = {"base": base[split][m], "mean": statistics.mean(vals),
+                             "min": min(vals), "max": max(vals),
+                             "change": statistics.mean(vals) - base[split][m]}
+    return out
+
+
+def report(tag: str, summary: dict, runs: list[dict]) -> str:
+    lines = [f"{tag}: {len(runs)} seed(s), train "
+             f"{statistics.mean(r['train_min'] for r in runs):.1f} min mean"]
+    for split, metrics in summary.items():
+        for m, s in metrics.items():
+            lines.append(f"  {split:<7}{m:<16} base {s['base']:6.1%}  trained {s['mean']:6.1%} "
+                         f"(range {s['min']:.1%}-{s['max']:.1%})  change "
+                         f"{s['change'] * 100:+5.1f}p")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg0, _ = parse_config(["--preset", args.preset, *args.train_flags],
+                               prog="tools.experiments.learning")
+    except ConfigError as e:
+        print(f"tools.experiments.learning: error: {e}", file=sys.stderr)
+        return 2
+    out_dir = os.path.join(args.out, args.tag)
+    os.makedirs(out_dir, exist_ok=True)
+    c = cfg0.curriculum
+    task = make_task(c.task, c.level, c.data_path or None)
+    sets = {s: task.heldout(args.eval_n, s) for s in ("seen", "unseen")}
+    base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
+    runs = []
+    for seed in args.seeds:
+        cfg, _ = parse_config(["--preset", args.preset, *args.train_flags, "--seed", str(seed)],
+                              prog="tools.experiments.learning")
+        run_dir = os.path.join(out_dir, f"seed{seed}")
+        t0 = time.perf_counter()
+        trainer = Trainer(cfg, run_dir)
+        try:
+            summary = trainer.run()
+        finally:
+            trainer.shutdown()
+        runs.append({"seed": seed, "train_min": (time.perf_counter() - t0) / 60,
+                     "s_per_step": summary["s_per_step_median"],
+                     "scores": scores(summary["final"], sets, cfg.rollout.max_new_tokens)})
+        print(report(args.tag, summarize(base, runs), runs), flush=True)
+    result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
+              "base": base, "runs": runs, "summary": summarize(base, runs)}
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
