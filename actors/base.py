@@ -27,10 +27,12 @@ class RolloutWorker:
     version: int = 0
 
     def ping(self) -> dict:
-        """Liveness plus where it runs (`node_id`: which cluster node holds this actor)."""
+        """Liveness plus where it runs: `node_id` (which cluster node holds this actor; None
+        outside Ray) and `resources` (what Ray assigned it, e.g. a GPU share)."""
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None
         return {"name": self.name, "version": self.version, "pid": os.getpid(),
-                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized()
-                else None}  # None: used as a plain class, outside Ray
+                "node_id": ctx.get_node_id() if ctx else None,
+                "resources": ctx.get_assigned_resources() if ctx else {}}
 
     def generate(self, call: RolloutCall) -> RolloutBatch:
         """G completions for each prompt of `call`, verified."""

@@ -30,6 +30,7 @@ from actors.sampling import (
     read_generation_config,
 )
 from actors.weights import WeightApplier, check_version
+from common.device import actor_device
 from common.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
@@ -79,8 +80,9 @@ class HFRolloutWorker(RolloutWorker):
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         path = resolve_model(cfg.model.name)
+        self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
         self.tokenizer = load_tokenizer(path)
-        self.model = load_base(cfg, path, worker_dtype(cfg.model.dtype))
+        self.model = load_base(cfg, path, worker_dtype(cfg.model.dtype)).to(self.device)
         self.model.eval()
         fp32_lm_head(self.model)
         # fp32: merge LoRA into the weights (decodes at base speed); bf16: keep it unmerged
@@ -119,8 +121,10 @@ class HFRolloutWorker(RolloutWorker):
         pad = self.tokenizer.pad_token_id
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         width = max(len(r) for r in rows)
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])       # (N, P)
-        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])    # (N, P)
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows],
+                                 device=self.device)                                 # (N, P)
+        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows],
+                            device=self.device)                                      # (N, P)
         torch.manual_seed(sampling.seed)
         r = self.cfg.rollout
         temperature = r.temperature if sampling.temperature is None else sampling.temperature
@@ -132,7 +136,7 @@ class HFRolloutWorker(RolloutWorker):
                                   generation_config=config, logits_processor=[recorder])
         gen = out.sequences[:, width:]                                               # (N, T)
         logp, entropy = recorder.finish(gen)                                         # (N, T)
-        return gen, logp, entropy
+        return gen.cpu(), logp.cpu(), entropy.cpu()
 
     def _trim(self, gen, logp, entropy):
         """Cut each row after its first EOS (kept: the model must learn to stop)."""
@@ -146,6 +150,22 @@ class HFRolloutWorker(RolloutWorker):
             lps.append(lp[:end].numpy().astype(np.float32))
             ents.append(ent[:end].numpy().astype(np.float32))
         return comps, lps, ents, reasons
+
+    # ---- a shared GPU: make room for the learner's step, then come back --------------------
+    def sleep(self, level: int = 1) -> None:
+        """Move the model (and the LoRA base copies) to host memory and free the card."""
+        self._move("cpu")
+
+    def wake_up(self) -> None:
+        self._move(self.device)
+
+    def _move(self, device: str) -> None:
+        if self.device == "cpu":
+            return  # nothing to free on a CPU-only worker
+        self.model.to(device)
+        self.weights.to(device)
+        if device == "cpu":
+            torch.cuda.empty_cache()
 
     def generate(self, call: RolloutCall) -> RolloutBatch:
         """G completions for each prompt {'question', 'answer', ...} of `call`, verified."""

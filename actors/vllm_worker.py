@@ -100,8 +100,18 @@ log = logging.getLogger("homerl.rollout")
 
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """HF modules vLLM fuses into one layer: a merged load must bring the whole group"""
-GPU_MEMORY_UTILIZATION = float(os.environ.get("HOMERL_VLLM_GPU_MEM", "0.35"))
-"""share of the GPU vLLM may take (weights + KV cache) when it shares the card with the learner"""
+DEFAULT_ENGINE_GB = 4.0
+"""GiB the engine takes on a shared card when the driver's plan did not set rollout.engine_memory_gb
+(tests and direct use)"""
+
+
+def engine_utilization(engine_gb: float) -> float:
+    """vLLM's gpu_memory_utilization: `engine_gb` as a share of this GPU's whole memory (so an
+    8 GB plan holds on a bigger card too)."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return min(0.95, engine_gb / total)
 
 
 class VLLMRolloutWorker(RolloutWorker):
@@ -131,7 +141,8 @@ class VLLMRolloutWorker(RolloutWorker):
             # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
             eager=not cuda_available(), max_model_len=min(max_len, limit or max_len),
             lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
-            gpu_memory_utilization=GPU_MEMORY_UTILIZATION if cuda_available() else None)
+            gpu_memory_utilization=engine_utilization(
+                cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None)
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
@@ -179,7 +190,9 @@ class VLLMRolloutWorker(RolloutWorker):
             return
         self.adapter_seq += 1
         if self.adapter_root is None:
-            self.adapter_root = tempfile.mkdtemp(prefix=f"homerl-{self.name}-lora-")
+            # /dev/shm: a RAM file system, so an adapter reaches vLLM without touching a disk
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self.adapter_root = tempfile.mkdtemp(prefix=f"homerl-{self.name}-lora-", dir=shm)
         out = write_peft_adapter(update, os.path.join(self.adapter_root, f"a{self.adapter_seq}"),
                                  self.path)
         self._drop_adapter()

@@ -35,9 +35,9 @@ def check_version(worker: str, update: WeightUpdate, version: int, current: int,
             f"{worker}: refusing stale weights version {version} < current {current}")
 
 
-def _tensor(a) -> torch.Tensor:
+def _tensor(a, device="cpu") -> torch.Tensor:
     # Arrays from the object store are read-only views; copy once into torch.
-    return torch.tensor(np.asarray(a))
+    return torch.tensor(np.asarray(a), device=device)
 
 
 class WeightApplier:
@@ -69,18 +69,25 @@ class WeightApplier:
             for name in names:
                 if name not in self.adapters:
                     self.modules[name].register_forward_hook(self._adapter_hook(name))
-                self.adapters[name] = (_tensor(tensors[f"{name}.lora_A"]).float(),
-                                       _tensor(tensors[f"{name}.lora_B"]).float(), scale)
+                dev = self.modules[name].weight.device
+                self.adapters[name] = (_tensor(tensors[f"{name}.lora_A"], dev).float(),
+                                       _tensor(tensors[f"{name}.lora_B"], dev).float(), scale)
             return len(names)
         for name in names:
             weight = self.modules[name].weight
             if name not in self.base:
                 self.base[name] = weight.detach().clone()
-            a = _tensor(tensors[f"{name}.lora_A"])                  # (r, in)
-            b = _tensor(tensors[f"{name}.lora_B"])                  # (out, r)
+            a = _tensor(tensors[f"{name}.lora_A"], weight.device)   # (r, in)
+            b = _tensor(tensors[f"{name}.lora_B"], weight.device)   # (out, r)
             merged = self.base[name].float() + scale * (b @ a)      # (out, in)
             weight.copy_(merged.to(weight.dtype))
         return len(names)
+
+    def to(self, device) -> None:
+        """Move the kept base weights and adapters with the model (a sleeping GPU worker)."""
+        self.base = {k: v.to(device) for k, v in self.base.items()}
+        self.adapters = {k: (a.to(device), b.to(device), s)
+                         for k, (a, b, s) in self.adapters.items()}
 
     def _adapter_hook(self, name: str):
         def hook(_module, args, output):
@@ -99,7 +106,7 @@ class WeightApplier:
             raise ValueError(
                 f"full weights payload lacks {len(missing)} tensors, e.g. {missing[0]}")
         for k, v in state.items():
-            v.copy_(_tensor(tensors[k]).to(v.dtype))
+            v.copy_(_tensor(tensors[k], v.device).to(v.dtype))
         self.base.clear()  # a full load replaces the base every later merge starts from
         self.adapters.clear()
         return len(state)

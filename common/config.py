@@ -48,11 +48,17 @@ class ModelConfig:
     """compute dtype: auto (bf16 on CPUs with AMX/AVX512-bf16 or on GPU, else fp32), bf16, fp32"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more learner time)"""
+    device: str = "auto"
+    """auto (a GPU when Ray has one, else CPU), cpu, or cuda (learner and engine share one GPU)"""
+    gpu_memory_gb: float = 0.0
+    """cap the GPU to this many GiB and check the plan against it (0: the whole card)"""
 
     def __post_init__(self):
         if not self.name:
             raise ConfigError("model.name: must be a model name, local path or hub id; got ''")
         _choice("model.dtype", self.dtype, ("auto", "bf16", "fp32"))
+        _choice("model.device", self.device, ("auto", "cpu", "cuda"))
+        _range("model.gpu_memory_gb", self.gpu_memory_gb, 0.0, 4096.0)
 
 
 @dataclass
@@ -116,6 +122,8 @@ class RolloutConfig:
     """reward = correct + format_weight * format_score"""
     placement: str = "auto"
     """actor placement: auto (pack on one node when it fits, else spread), pack or spread"""
+    engine_memory_gb: float = 0.0
+    """GPU GiB the rollout engine may take when it shares a card (0: what the plan says)"""
 
     def __post_init__(self):
         _choice("rollout.engine", self.engine, ("hf", "vllm"))
@@ -149,6 +157,7 @@ class RolloutConfig:
         _range("rollout.reward_timeout_s", self.reward_timeout_s, 0.0, lo_open=True)
         _range("rollout.format_weight", self.format_weight, 0.0, 10.0)
         _choice("rollout.placement", self.placement, ("auto", "pack", "spread"))
+        _range("rollout.engine_memory_gb", self.engine_memory_gb, 0.0, 4096.0)
 
 
 @dataclass

@@ -26,6 +26,8 @@ ALIASES = {
     "--wandb-project": "run.wandb_project",
     "--max-staleness": "rollout.max_staleness",
     "--steps-per-call": "rollout.steps_per_call",
+    "--device": "model.device",
+    "--gpu-memory-gb": "model.gpu_memory_gb",
 }
 
 

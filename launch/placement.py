@@ -1,7 +1,8 @@
 """Where the actors go: one placement group, a bundle for the learner and one per rollout worker.
 
-Bundle 0 is the learner (`learner_threads` CPUs, plus one GPU when the cluster has any), bundles
-1..N are the rollout workers (`threads_per_worker` CPUs each). With `rollout.placement=auto`
+Bundle 0 is the learner (`learner_threads` CPUs), bundles 1..N are the rollout workers
+(`threads_per_worker` CPUs each); with a GPU (common/device.py) the learner and the one rollout
+worker each ask for a share of the same card. With `rollout.placement=auto`
 the group is PACKed when the whole layout fits on one node (no cross-node weight pushes) and
 SPREAD otherwise, so a cluster of small machines still hosts it. A layout the cluster cannot
 host fails within `timeout_s` with a one-line `ConfigError` saying what is missing.
@@ -14,6 +15,7 @@ host fails within `timeout_s` with a one-line `ConfigError` saying what is missi
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import ray
@@ -21,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from common.config import Config, ConfigError
+from common.device import DeviceError, DevicePlan, local_gpus, plan_devices
 
 log = logging.getLogger("homerl.placement")
 
@@ -34,10 +37,12 @@ class Layout:
     """bundle index of the learner"""
     worker_bundles: list[int]
     """bundle index of rollout worker i"""
-    learner_gpus: int
-    """GPUs in the learner's bundle (0 or 1); the learner actor must ask for them to see them"""
+    learner_gpus: float
+    """GPU share in the learner's bundle; the learner actor must ask for it to see the card"""
     strategy: str
     """the placement group strategy used: PACK or SPREAD"""
+    worker_gpus: float = 0.0
+    """GPU share in each worker's bundle"""
 
     def learner_strategy(self) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
@@ -69,10 +74,11 @@ def _strategy(choice: str, cpus: float, gpus: float, nodes: list[dict]) -> str:
     return "PACK" if fits_one else "SPREAD"
 
 
-def _shortfall(cfg: Config, learner_gpus: int, nodes: list[dict]) -> str:
+def _shortfall(cfg: Config, learner_gpus: float, nodes: list[dict]) -> str:
     """One line: what each bundle needs against the largest node and the cluster."""
     r = cfg.rollout
-    need = f"learner needs {r.learner_threads} CPU" + (" + 1 GPU" if learner_gpus else "")
+    need = f"learner needs {r.learner_threads} CPU" + (
+        f" + {learner_gpus:g} GPU" if learner_gpus else "")
     total = ray.cluster_resources()
     free = ray.available_resources()
     big = max(nodes, key=lambda n: (n.get("CPU", 0), n.get("GPU", 0)), default={})
@@ -83,22 +89,84 @@ def _shortfall(cfg: Config, learner_gpus: int, nodes: list[dict]) -> str:
             f"{free.get('CPU', 0):g} CPU free now)")
 
 
-def make_placement(cfg: Config, timeout_s: float = 60.0) -> Layout:
-    """Reserve the learner's and every worker's bundle; one-line ConfigError if it cannot fit."""
+def make_placement(cfg: Config, devices: DevicePlan | None = None,
+                   timeout_s: float = 60.0) -> Layout:
+    """Reserve the learner's and every worker's bundle; one-line ConfigError if it cannot fit.
+
+    `devices` (common/device.py) says what GPU share each role asks for (default: none).
+    """
     r = cfg.rollout
-    # A GPU goes to the learner only where the cluster has one: the same config then runs on
-    # a CPU box and on a GPU cluster.
-    learner_gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    learner = {"CPU": r.learner_threads, **({"GPU": learner_gpus} if learner_gpus else {})}
-    bundles = [learner] + [{"CPU": r.threads_per_worker} for _ in range(r.num_workers)]
+    devices = devices or DevicePlan("cpu", 0.0, 0.0)
+    learner_gpus, worker_gpus = devices.learner_gpus, devices.worker_gpus
+
+    def bundle(cpus, gpus):
+        return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+    bundles = [bundle(r.learner_threads, learner_gpus)] + [
+        bundle(r.threads_per_worker, worker_gpus) for _ in range(r.num_workers)]
     nodes = _nodes()
-    strategy = _strategy(r.placement, sum(b["CPU"] for b in bundles), learner_gpus, nodes)
+    gpus = learner_gpus + worker_gpus * r.num_workers
+    strategy = _strategy(r.placement, sum(b["CPU"] for b in bundles), gpus, nodes)
     pg = placement_group(bundles, strategy=strategy)
     if not pg.wait(timeout_seconds=timeout_s):
         msg = _shortfall(cfg, learner_gpus, nodes)
         ray.util.remove_placement_group(pg)  # a pending group would grab resources later
         raise ConfigError(msg)
-    layout = Layout(pg, 0, list(range(1, len(bundles))), learner_gpus, strategy)
+    layout = Layout(pg, 0, list(range(1, len(bundles))), learner_gpus, strategy, worker_gpus)
     log.info("placement %s: bundle nodes %s", strategy,
              [n[:8] for n in layout.node_ids()])
     return layout
+
+
+def connect(cfg: Config) -> DevicePlan:
+    """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one,
+    and decide each role's device (common/device.py). A GPU config is checked first: with no
+    GPU on a local machine it fails in seconds, before Ray starts; a config that does not fit
+    the card is refused by the planner before any actor starts."""
+    r = cfg.rollout
+    refuse_missing_gpu(cfg)
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        else:
+            need = r.learner_threads + r.num_workers * r.threads_per_worker
+            ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
+    devices = plan_devices(cfg.model.device, ray.cluster_resources().get("GPU", 0),
+                           r.num_workers)
+    if devices.shared_card:
+        check_shared_card(cfg)
+    return devices
+
+
+def refuse_missing_gpu(cfg: Config) -> None:
+    """A local run that asks for a GPU on a machine without one: one line, in seconds. (With a
+    cluster named or already connected, `plan_devices` checks the cluster's GPUs instead.)"""
+    if (cfg.model.device == "cuda" and not os.environ.get("RAY_ADDRESS")
+            and not ray.is_initialized() and not local_gpus()):
+        raise DeviceError(f"{cfg.preset}: model.device=cuda but this machine has no CUDA GPU; "
+                          "run a CPU preset (cpu-demo) or pass --model.device cpu")
+
+
+def check_shared_card(cfg: Config) -> None:
+    """One card time-sliced by learner and engine: no overlap, and the plan must fit."""
+    from launch.plan import GiB, budget, check
+
+    if cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness: must be 0 when the learner and the rollout "
+                          f"engine share one GPU (they take turns on it); got "
+                          f"{cfg.rollout.max_staleness}")
+    gpu_gb = cfg.model.gpu_memory_gb or (
+        local_total_gb() if local_gpus() else 0.0)
+    if not gpu_gb:
+        log.warning("the driver sees no GPU to size the plan by: pass --gpu-memory-gb N")
+        return
+    check(cfg, gpu_gb)
+    if not cfg.rollout.engine_memory_gb:
+        engine = sum(v for p, _, v in budget(cfg) if p == "engine") / GiB
+        cfg.rollout.engine_memory_gb = round(engine + 0.2, 2)  # workspace margin
+
+
+def local_total_gb() -> float:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30

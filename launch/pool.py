@@ -94,7 +94,8 @@ class WorkerPool:
 
     def _spawn(self, i: int):
         opts = {"num_cpus": self.cfg.rollout.threads_per_worker, "name": None,
-                "max_restarts": 0, "max_concurrency": 1}
+                "max_restarts": 0, "max_concurrency": 1,
+                "num_gpus": self.layout.worker_gpus if self.layout else 0}
         if self.layout is not None:
             opts["scheduling_strategy"] = self.layout.worker_strategy(i)
         name = f"rollout-{i}" + (f"-r{self.restarts}" if self.restarts else "")
@@ -249,6 +250,17 @@ class WorkerPool:
         self.push_refs[i].append((self.version, self.workers[i].set_weights.remote(
             self.payloads[self.version], self.version, True)))
         self.versions[i] = self.version
+
+    # ---- a shared GPU ----------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Every worker frees the card for the learner's step (vLLM sleep mode; the HF engine
+        moves its model to host memory); returns once all have."""
+        ray.get([w.sleep.remote() for w in self.workers], timeout=self.cfg.rollout.call_timeout_s)
+
+    def wake(self) -> None:
+        """Every worker takes the card back (before the next push and rollout)."""
+        ray.get([w.wake_up.remote() for w in self.workers],
+                timeout=self.cfg.rollout.call_timeout_s)
 
     def replace(self, i: int) -> None:
         """Kill worker i (SIGKILL if it is hung) and start a new one in its bundle."""

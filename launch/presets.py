@@ -64,10 +64,11 @@ def _gpu_8gb() -> Config:
     return Config(
         preset="gpu-8gb",
         model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="bf16",
-                          gradient_checkpointing=True),
+                          gradient_checkpointing=True, device="cuda", gpu_memory_gb=8.0),
         lora=LoraConfig(mode="qlora", r=16, alpha=32),
+        # one card, time-sliced: the engine sleeps while the learner steps, so no overlap
         rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8,
-                              max_new_tokens=512, max_prompt_tokens=512, max_staleness=1),
+                              max_new_tokens=512, max_prompt_tokens=512, max_staleness=0),
         grpo=GRPOConfig(lr=5e-5, entropy_rho=0.2, micro_batch=4),
         curriculum=CurriculumConfig(task="gsm8k"),
         run=RunConfig(steps=500, checkpoint_every=25),

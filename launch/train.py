@@ -25,6 +25,7 @@ share one generate call (one bigger decode batch); max_staleness >= 2F - 1 keeps
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import logging
@@ -41,6 +42,7 @@ from tqdm import tqdm
 from actors.hf_worker import HFRolloutWorker
 from common import metrics as M
 from common.config import Config, ConfigError
+from common.device import DeviceError
 from common.models import ModelNotFoundError, resolve_model
 from common.state_io import CheckpointError
 from common.types import LearnerStep, RolloutSummary, TrainPlan
@@ -48,7 +50,7 @@ from launch import run_io
 from launch.cli import parse_config
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
-from launch.placement import make_placement
+from launch.placement import connect, make_placement, refuse_missing_gpu
 from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
 from launch.sent import stage_order
 from learner.learner import Learner
@@ -57,17 +59,6 @@ from rewards import DatasetError
 from rewards.shaping import overlong_penalty
 
 log = logging.getLogger("homerl.train")
-
-
-def connect_ray(cfg: Config) -> None:
-    """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one."""
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
-        return
-    need = cfg.rollout.learner_threads + cfg.rollout.num_workers * cfg.rollout.threads_per_worker
-    ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
 
 
 def plan_step(summary: RolloutSummary, cfg: Config) -> tuple[TrainPlan, dict]:
@@ -129,6 +120,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: str, resume: bool = False):
         self.cfg, self.run_dir = cfg, run_dir
+        refuse_missing_gpu(cfg)  # seconds, not the minutes a dataset or model load would take
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
         self.trained_stage = 0
         self.tag = os.path.basename(os.path.normpath(run_dir))
@@ -136,8 +128,8 @@ class Trainer:
         ckpts = run_io.list_checkpoints(run_dir) if resume else []
         if ckpts:
             run_io.check_checkpoint(ckpts[-1])  # so does an unreadable checkpoint
-        connect_ray(cfg)
-        self.layout = make_placement(cfg)
+        self.devices = connect(cfg)  # a GPU request that cannot be met fails here, in one line
+        self.layout = make_placement(cfg, self.devices)
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         self.learner = ray.remote(Learner).options(
             num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
@@ -148,6 +140,8 @@ class Trainer:
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
         self.learner_version = 0  # the learner's weights version; workers get it lazily (_fill)
+        self.engine_awake = True  # a shared GPU: the engine sleeps through each learner step
+        self.card_log = collections.deque(maxlen=64)  # (event, step) on a shared GPU
         if cfg.curriculum.sent:
             self._sent_orders()
         if ckpts:
@@ -194,6 +188,7 @@ class Trainer:
             chunk = list(range(nxt, min(nxt + r.steps_per_call, n)))
             if chunk[-1] > k + r.max_staleness:
                 break
+            self._take_card("wake", k)
             sync_s += self.sync_weights()
             drawn = {j: self.curriculum.prompts(j) for j in chunk}  # j -> (stage, prompts)
             seed = self.cfg.run.seed * 100_003
@@ -217,6 +212,15 @@ class Trainer:
         ray.wait([payload])  # export into the object store; workers load it in their queue
         self.pool.push(payload, self.learner_version)
         return time.perf_counter() - t0
+
+    def _take_card(self, event: str, k: int) -> None:
+        """A shared GPU (common/device.py): the engine sleeps through the learner's step and
+        wakes before the next weight push and rollout. Nothing happens on CPU roles."""
+        if not self.devices.shared_card or self.engine_awake == (event == "wake"):
+            return
+        self.pool.sleep() if event == "sleep" else self.pool.wake()
+        self.engine_awake = event == "wake"
+        self.card_log.append((event, k))
 
     def _rollout(self, k: int) -> Slot:
         slot = self.pending.pop(k)
@@ -257,6 +261,7 @@ class Trainer:
             raise DatasetError(f"step {k}: every prompt was refused ({', '.join(reasons)}); "
                                "check rollout.max_prompt_tokens and the data")
         plan, plan_stats = plan_step(summary, cfg)
+        self._take_card("sleep", k)
         t1 = time.perf_counter()
         learned: LearnerStep = ray.get(self.learner.train_step.remote(plan, *rollout.batches))
         t_learn = time.perf_counter() - t1
@@ -296,6 +301,7 @@ class Trainer:
         return time.perf_counter() - t0
 
     def finish(self, wall_s: float) -> dict:
+        self._take_card("wake", self.cfg.run.steps)
         self.sync_weights()  # the workers end on the final weights (e.g. to evaluate with them)
         final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
         rows = self.writer.metrics()
@@ -345,7 +351,7 @@ def main(argv=None) -> int:
     cfg, run_dir, resume = resolve_run(argv)
     try:
         trainer = Trainer(cfg, run_dir, resume)
-    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError) as e:
+    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError) as e:
         print(f"launch.train: error: {e}", file=sys.stderr)
         return 2
     try:

@@ -17,6 +17,7 @@ import psutil
 import torch
 
 from common import metrics as M
+from common.device import actor_device, cap_process_memory
 from common.state_io import (
     load_state,
     optimizer_state,
@@ -38,6 +39,8 @@ from learner.model import (
     shared_prefix_logprobs,
 )
 
+ENGINE_ASLEEP_GB = 0.5
+"""GiB a sleeping rollout engine keeps on a shared card (its CUDA context)"""
 CKPT = "learner"
 """file stem of the learner's part of a checkpoint (learner.safetensors + learner.json)"""
 
@@ -56,7 +59,11 @@ class Learner:
         self.cfg = cfg
         set_threads(cfg.rollout.learner_threads)
         torch.manual_seed(cfg.run.seed)
-        self.model, self.trainable = build_policy(cfg.model, cfg.lora)
+        self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
+        if self.device == "cuda" and cfg.model.gpu_memory_gb:
+            # the card is time-sliced with the rollout engine, which keeps its CUDA context
+            cap_process_memory(cfg.model.gpu_memory_gb - ENGINE_ASLEEP_GB)
+        self.model, self.trainable = build_policy(cfg.model, cfg.lora, self.device)
         # Autocast only where weights are fp32 masters (full FT); a bf16 LoRA base runs as is.
         self.autocast = pick_dtype(cfg.model.dtype) if cfg.lora.mode == "full" else torch.float32
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -69,11 +76,19 @@ class Learner:
             maxlen=cfg.ewc.fisher_batches)  # this stage's last batches, for the EWC Fisher
         self.ref_model = None
         if cfg.grpo.beta > 0 and cfg.lora.mode == "full":
-            self.ref_model, _ = build_policy(cfg.model, cfg.lora)  # frozen copy: full FT only
+            self.ref_model, _ = build_policy(cfg.model, cfg.lora, self.device)  # full FT only
             self.ref_model.requires_grad_(False)
 
     def ping(self) -> int:
         return self.version
+
+    def placement(self) -> dict:
+        """Where this learner runs: its device and what Ray assigned it (e.g. a GPU share)."""
+        import ray
+
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None
+        return {"device": self.device,
+                "resources": ctx.get_assigned_resources() if ctx else {}}
 
     # ---- the GRPO step -------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, active: list[int]):
@@ -141,6 +156,8 @@ class Learner:
         ewc_loss = self._ewc_backward()
         grad_norm = self._clip_and_step()
         self.version += 1
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # the activations' blocks go back to the shared card
         m = stats.metrics()
         return LearnerStep(
             loss_policy=m[M.LOSS_POLICY], loss_kl=m[M.LOSS_KL], loss_ewc=ewc_loss,

@@ -33,22 +33,21 @@ def pick_dtype(dtype: str) -> torch.dtype:
     return torch.float32
 
 
-def build_policy(model_cfg, lora_cfg):
-    """Load the policy as the learner trains it. Returns (model, trainable_names).
+def build_policy(model_cfg, lora_cfg, device: str = "cpu"):
+    """Load the policy on `device` as the learner trains it. Returns (model, trainable_names).
 
     full: fp32 master weights, all trainable. lora: frozen fp32 base + fp32 adapters.
     qlora: NF4 base through bitsandbytes (runs on CPU too) + fp32 adapters.
     """
     path = resolve_model(model_cfg.name)
     if lora_cfg.mode == "qlora":
-        model = load_nf4_model(path, pick_dtype(model_cfg.dtype),
-                               "cuda" if torch.cuda.is_available() else "cpu")
+        model = load_nf4_model(path, pick_dtype(model_cfg.dtype), device)
     else:
         # A frozen LoRA base needs no fp32 master copy: holding it in the compute dtype skips
         # autocast's per-forward weight casts (1.7x faster on one AMX core) and matches the
         # rollout workers' bf16 weights. Full fine-tuning keeps fp32 masters under autocast.
         base_dtype = pick_dtype(model_cfg.dtype) if lora_cfg.mode == "lora" else torch.float32
-        model = load_model(path, dtype=base_dtype)
+        model = load_model(path, dtype=base_dtype).to(device)
     if model_cfg.gradient_checkpointing:
         enable_checkpointing(model)
     if lora_cfg.mode in ("lora", "qlora"):
