@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 
-import ray
-
+from common.device import ray_placement
 from common.types import RolloutBatch, RolloutCall
 
 
@@ -29,10 +28,8 @@ class RolloutWorker:
     def ping(self) -> dict:
         """Liveness plus where it runs: `node_id` (which cluster node holds this actor; None
         outside Ray) and `resources` (what Ray assigned it, e.g. a GPU share)."""
-        ctx = ray.get_runtime_context() if ray.is_initialized() else None
         return {"name": self.name, "version": self.version, "pid": os.getpid(),
-                "node_id": ctx.get_node_id() if ctx else None,
-                "resources": ctx.get_assigned_resources() if ctx else {}}
+                **ray_placement()}
 
     def generate(self, call: RolloutCall) -> RolloutBatch:
         """G completions for each prompt of `call`, verified."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from common.types import RolloutBatch
 from rewards import format_prompt
+from rewards.shaping import combine
 
 
 def encode_prompts(tokenizer, prompts: list[dict], limit: int):
@@ -52,7 +53,8 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
         correct=correct, format_score=fmt,
-        rewards=correct + worker.cfg.rollout.format_weight * fmt,
+        rewards=combine(correct, fmt, worker.cfg.rollout.format_weight,
+                        worker.cfg.reward.format_if_correct),
         reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
         version=worker.version, num_prompts=len(prompts),
         gen_time_s=time.perf_counter() - t0, worker=worker.name, rss_gb=rss_gb,

@@ -39,6 +39,9 @@ NEUTRAL = {
 }
 """every generation setting that can change the sampled distribution, at its neutral value
 (HF names; vLLM's presence/frequency penalties included)"""
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff",
+                 "eta_cutoff", "top_h")
+"""settings that only truncate or reshape a sampled distribution (no effect on greedy search)"""
 
 
 def hf_generation_config(max_new_tokens: int, eos_ids: list[int], pad_id: int,
@@ -49,6 +52,8 @@ def hf_generation_config(max_new_tokens: int, eos_ids: list[int], pad_id: int,
 
     known = GenerationConfig().to_dict()
     neutral = {k: v for k, v in NEUTRAL.items() if k in known}
+    if greedy:  # sampling-only settings unused by greedy search: left out, so none is flagged
+        neutral = {k: v for k, v in neutral.items() if k not in SAMPLING_ONLY}
     return GenerationConfig(**neutral, do_sample=not greedy, max_new_tokens=max_new_tokens,
                             eos_token_id=list(eos_ids), pad_token_id=pad_id, use_cache=True)
 

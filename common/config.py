@@ -119,7 +119,7 @@ class RolloutConfig:
     reward_timeout_s: float = 2.0
     """hard time limit per verified completion (seconds)"""
     format_weight: float = 0.5
-    """reward = correct + format_weight * format_score"""
+    """reward = correct + format_weight * format_score (see reward.format_if_correct)"""
     placement: str = "auto"
     """actor placement: auto (pack on one node when it fits, else spread), pack or spread"""
     engine_memory_gb: float = 0.0
@@ -209,6 +209,8 @@ class RewardConfig:
     """completions cut at max_new_tokens: keep, mask (no loss), soft_penalty (DAPO shaping)"""
     overlong_buffer: float = 0.25
     """soft_penalty: share of max_new_tokens over which the penalty ramps from 0 to -1"""
+    format_if_correct: bool = False
+    """the format bonus (rollout.format_weight) counts only for a right answer"""
 
     def __post_init__(self):
         _choice("reward.overlong", self.overlong, ("keep", "mask", "soft_penalty"))

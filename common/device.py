@@ -88,3 +88,17 @@ def cap_process_memory(gpu_memory_gb: float) -> None:
 
     total = torch.cuda.get_device_properties(0).total_memory / 2**30
     torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_gb / total), 0)
+
+
+def ray_placement() -> dict:
+    """Where this process runs under Ray: `node_id` (None outside Ray) and `resources` (what
+    Ray assigned this actor, e.g. a GPU share; empty outside an actor, where Ray refuses the
+    question even when a cluster is up, as for a worker built in a test's own process)."""
+    import ray
+
+    if not ray.is_initialized():
+        return {"node_id": None, "resources": {}}
+    ctx = ray.get_runtime_context()
+    in_actor = ctx.get_actor_id() is not None
+    return {"node_id": ctx.get_node_id(),
+            "resources": ctx.get_assigned_resources() if in_actor else {}}

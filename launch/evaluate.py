@@ -65,10 +65,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float,
           sampled: list[list[str]] | None = None) -> dict:
-    """Metrics of greedy completions `texts` (and `sampled`: K completions per sample).
+    """Metrics of greedy completions `texts` (and `sampled`: K completions for each of the first
+    len(sampled) samples).
 
     accuracy: right final number by any extraction rule; strict: right and in the asked
-    `Answer: N` final-line format; format_rate: share in that format; pass@1, pass@K.
+    `Answer: N` final-line format; format_rate: share in that format; pass@1, pass@K over the
+    sampled questions (`pass_n` of them).
     """
     answers = [s["answer"] for s in samples]
     with VerifierPool() as pool:
@@ -86,10 +88,11 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
         "wall_s": wall_s,
     }
     if sampled:
-        k = len(sampled[0])
-        correct = [sum(r.score == 1.0 for r in graded[i * k: (i + 1) * k]) for i in range(n)]
-        out.update({"samples": k, "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / n,
-                    f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / n})
+        k, m = len(sampled[0]), len(sampled)
+        correct = [sum(r.score == 1.0 for r in graded[i * k: (i + 1) * k]) for i in range(m)]
+        out.update({"samples": k, "pass_n": m,
+                    "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / m,
+                    f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / m})
     pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
     out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
                         "completion": texts[i], "correct": results[i].score == 1.0}
@@ -98,13 +101,14 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
 
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
-             batch_size: int = 32, desc: str = "eval", k: int = 0) -> dict:
-    """Greedy completions of `samples` from an in-process model (and k sampled ones each when
-    k > 0), scored (see `score`)."""
+             batch_size: int = 32, desc: str = "eval", k: int = 0,
+             sample_n: int | None = None) -> dict:
+    """Greedy completions of `samples` from an in-process model (and, when k > 0, k sampled
+    ones for each of the first `sample_n` samples, all by default), scored (see `score`)."""
     t0 = time.perf_counter()
     questions = [s["question"] for s in samples]
     texts = greedy_complete(model, tokenizer, questions, max_new_tokens, batch_size, desc)
-    sampled = (sample_complete(model, tokenizer, questions, max_new_tokens, k,
+    sampled = (sample_complete(model, tokenizer, questions[:sample_n], max_new_tokens, k,
                                batch_size=batch_size, desc=f"{desc} x{k}") if k else None)
     lengths = completion_tokens(tokenizer, texts)
     return score(samples, texts, lengths, time.perf_counter() - t0, sampled)

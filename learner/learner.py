@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from common import metrics as M
-from common.device import actor_device, cap_process_memory
+from common.device import actor_device, cap_process_memory, ray_placement
 from common.state_io import (
     load_state,
     optimizer_state,
@@ -84,11 +84,7 @@ class Learner:
 
     def placement(self) -> dict:
         """Where this learner runs: its device and what Ray assigned it (e.g. a GPU share)."""
-        import ray
-
-        ctx = ray.get_runtime_context() if ray.is_initialized() else None
-        return {"device": self.device,
-                "resources": ctx.get_assigned_resources() if ctx else {}}
+        return {"device": self.device, "resources": ray_placement()["resources"]}
 
     # ---- the GRPO step -------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, active: list[int]):

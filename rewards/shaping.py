@@ -1,4 +1,9 @@
-"""Reward shaping that depends on how a completion ended, not on what it says (pure Python).
+"""Reward shaping (pure Python and numpy): the format bonus, and the length penalty.
+
+The reward of a completion is correct + w * format_score. With `if_correct` the bonus counts
+only for a right answer: a policy can then no longer earn reward by writing the asked
+`Answer: N` line around a guess, which is how a seed of the embedded model once unlearned its
+working (completions fell from ~15 tokens of sums to `Answer: 8` in ten steps).
 
 DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): with L_max = max_new_tokens and a
 buffer of L_cache tokens before it,
@@ -14,6 +19,16 @@ ones that finished just before the limit.
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
+
+def combine(correct: np.ndarray, fmt: np.ndarray, weight: float,
+            if_correct: bool = False) -> np.ndarray:
+    """(N,) rewards from (N,) correctness in {0, 1} and (N,) format scores in [0, 1]:
+    correct + weight * fmt, the bonus multiplied by correct when `if_correct`."""
+    bonus = weight * fmt * correct if if_correct else weight * fmt                  # (N,)
+    return (correct + bonus).astype(np.float32)
 
 
 def overlong_penalty(length: int, max_new_tokens: int, buffer_frac: float) -> float:

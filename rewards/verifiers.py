@@ -60,6 +60,10 @@ _SAFE_EXPONENT_RE = re.compile(r"\s*(?:-?\d{1,3}|[A-Za-z]|\{\s*-?(?:\d{1,3}|[A-Z
 _CHAINED_POWER_RE = re.compile(r"\s*(?:\^|\*\*)")
 _PROSE_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _HEAVY_RE = re.compile(r"\\(?:sum|prod|int|lim|binom|choose)|!")
+# An operator between two operands ("6+9", "2^4-1", "3\\times5"): a sum still to be worked
+# out, not a number. Against a numeric reference it is a wrong answer, or a policy learns to
+# restate the question ("Answer: 6 + 9") and collect the reward without doing the arithmetic.
+_UNEVALUATED_RE = re.compile(r"[\d.)}]\s*(?:[-+*/^\u00d7\u00f7]|\\cdot|\\times|\\div)\s*[-\d.({\\]")
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,9 @@ def is_equivalent(pred: str | None, ref: str | None) -> bool:
 
     Plain numbers and integer fractions are compared numerically: integers
     exactly, anything else within relative tolerance `REL_TOL` (so "1/3" matches
-    "0.3333333"). Only when either side is not a plain number is math-verify asked,
+    "0.3333333"). Against a numeric reference, an unevaluated expression ("6 + 9" for 15)
+    is wrong: the answer must be a number, though it may be written in LaTeX
+    ("\\frac{1}{2}"). Only when either side is not a plain number is math-verify asked,
     and only for inputs that pass the `_symbolic_safe` guard.
     """
     pred_norm, ref_norm = normalize_answer(pred), normalize_answer(ref)
@@ -149,6 +155,8 @@ def is_equivalent(pred: str | None, ref: str | None) -> bool:
         return abs(pred_val - ref_val) <= REL_TOL * max(abs(pred_val), abs(ref_val))
     if pred_norm == ref_norm:
         return True
+    if ref_val is not None and _UNEVALUATED_RE.search(pred_norm):
+        return False
     if not (_symbolic_safe(pred_norm) and _symbolic_safe(ref_norm)):
         return False
     return _symbolic_equal(pred_norm, ref_norm)

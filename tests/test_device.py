@@ -153,3 +153,15 @@ def test_gpu_smoke_script_runs_its_code_on_cpu_without_ray_or_vllm(tmp_path):
     res = json.loads(out.read_text())
     assert res["rollout_tokens"] == 2 * 4 * 8 and res["learner_step_s"] > 0
     assert {"learn_plan_gb", "rollout_plan_gb", "s_per_step", "versions"} <= set(res)
+
+
+def test_ping_of_a_worker_built_in_the_driver_beside_a_running_cluster(ray_cluster):
+    """Ray refuses `get_assigned_resources` outside an actor; a worker built in this process
+    while the shared cluster is up (the vLLM worker tests do this) must still answer ping."""
+    import ray
+
+    from actors.base import RolloutWorker
+
+    got = RolloutWorker().ping()
+    assert got["resources"] == {}
+    assert got["node_id"] == ray.get_runtime_context().get_node_id()

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rewards import parsing, sandbox
@@ -74,7 +75,8 @@ CASES = [
     ("\\boxed{\\dfrac{3}{4}}", "0.75", 1.0, "3/4", None),
     ("\\boxed{\\frac{2}{4}}", "1/2", 1.0, "1/2", None),
     ("\\boxed{\\sqrt{4}}", "2", 1.0, "\\sqrt{4}", None),
-    ("\\boxed{2^{3}}", "8", 1.0, "2^{3}", None),
+    ("\\boxed{2^{3}}", "8", 0.0, "2^{3}", None),  # a power still to work out is not 8
+    ("\\boxed{2^{3}}", "2^3", 1.0, "2^{3}", None),  # ... but equals a symbolic reference
     ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", 1.0, "\\frac{\\sqrt{2}}{2}", None),
     ("\\boxed{x+1}", "1+x", 1.0, "x+1", None),
     # nested braces, priorities, repeated tags
@@ -184,6 +186,17 @@ def test_is_equivalent_numeric_and_symbolic():
     assert is_equivalent("1/3", "0.3333333")
     assert is_equivalent("\\sqrt{4}", "2")
     assert not is_equivalent(None, "2")
+
+
+@pytest.mark.parametrize("restated", ["6 + 9", "6+9.", "3*5", "2^4-1", "16 - 1", "3 \\times 5",
+                                      "30/2 + 0"])
+def test_unevaluated_expression_is_not_a_numeric_answer(restated):
+    """A trained policy found this hole: "Answer: 6 + 9" scored 1 for 15 (math-verify works
+    the sum out), so it learned to restate the question instead of adding."""
+    assert verify(f"Answer: {restated}", "15").score == 0.0
+    assert verify("Answer: 15", "15").score == 1.0
+    assert verify("Answer: \\frac{30}{2}", "15").score == 1.0  # a number, written in LaTeX
+    assert verify("Answer: x + 1", "1 + x").score == 1.0  # symbolic references still compare
 
 
 def test_error_codes_closed_set():
@@ -343,3 +356,13 @@ def test_overlong_penalty_by_hand():
     assert overlong_penalty(3, 4, 0.1) == 0.0 and overlong_penalty(4, 4, 0.1) == -1.0  # >= 1 token
     with pytest.raises(ValueError, match="buffer_frac"):
         overlong_penalty(3, 4, 0.0)
+
+
+def test_format_bonus_only_for_right_answers_by_hand():
+    from rewards.shaping import combine
+
+    correct = np.array([1.0, 1.0, 0.0, 0.0])
+    fmt = np.array([1.0, 0.5, 1.0, 0.0])
+    np.testing.assert_allclose(combine(correct, fmt, 0.5), [1.5, 1.25, 0.5, 0.0])
+    # gated: the formatted guess (row 2) earns nothing, right answers keep their bonus
+    np.testing.assert_allclose(combine(correct, fmt, 0.5, if_correct=True), [1.5, 1.25, 0.0, 0.0])

@@ -110,10 +110,11 @@ def main(argv=None) -> int:
                      "s_per_step": summary["s_per_step_median"],
                      "scores": scores(summary["final"], sets, cfg.rollout.max_new_tokens)})
         print(report(args.tag, summarize(base, runs), runs), flush=True)
-    result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
-              "base": base, "runs": runs, "summary": summarize(base, runs)}
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
+        # Written after every seed: an interrupted experiment keeps the seeds it finished.
+        result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
+                  "base": base, "runs": runs, "summary": summarize(base, runs)}
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
     return 0
 
 
