@@ -130,3 +130,18 @@ def test_demo_runs_end_to_end_on_the_tiny_preset(tmp_path, ray_cluster, capsys):
     assert text.count("[seen] Q:") == 3 and text.count("[unseen] Q:") == 3
     result = json.loads((tmp_path / "run" / "demo.json").read_text())
     assert set(result["before"]) == {"seen", "unseen"} and result["train"]["steps"] == 2
+
+
+def test_demo_warns_when_the_format_was_learned_and_accuracy_lost():
+    """Seed 1 of the recipe: format 1% -> 100%, accuracy 39.5% -> 35%: the demo must say so."""
+    from launch.demo import warnings_for
+
+    base = {"seen": {"accuracy": 0.395, "format_rate": 0.01},
+            "unseen": {"accuracy": 0.21, "format_rate": 0.06}}
+    collapsed = {"seen": {"accuracy": 0.35, "format_rate": 1.0},
+                 "unseen": {"accuracy": 0.195, "format_rate": 1.0}}
+    learned = {"seen": {"accuracy": 0.84, "format_rate": 1.0},
+               "unseen": {"accuracy": 0.605, "format_rate": 0.985}}
+    lines = warnings_for(base, collapsed)
+    assert len(lines) == 2 and lines[0].startswith("note: on seen, format 1% -> 100%")
+    assert warnings_for(base, learned) == []
