@@ -213,3 +213,14 @@ def test_embedded_smollm2_converts_once_and_chats(tmp_path):
         out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     reply = tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in reply
+
+
+def test_no_hub_kernel_warning_from_bitsandbytes_in_our_processes():
+    """bitsandbytes asks users to `pip install kernels` (a run-time Hub download) on import;
+    `common` silences that one logger, so actor logs stay readable."""
+    import subprocess
+
+    code = "import common, peft, bitsandbytes"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "kernels-community" not in out.stderr
