@@ -74,6 +74,10 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
     assert out["pass@8"] == pytest.approx(3 / 4)
     assert out["samples"] == 8 and out["n"] == 4 and out["mean_completion_tokens"] == 3
     assert len(out["examples"]) == 3 and {e["correct"] for e in out["examples"]} <= {True, False}
+    # samples for the first two questions only (the demo's PASS_N): pass@k over those two
+    part = score(samples, texts, [4, 4, 2, 2], 1.0, sampled[:2])
+    assert part["pass_n"] == 2 and part["accuracy"] == out["accuracy"]
+    assert part["pass@1"] == pytest.approx((8 + 1) / 16) and part["pass@8"] == 1.0
 
 
 def _write(path, lines):
