@@ -91,6 +91,7 @@ from actors.vllm_setup import (
     write_peft_adapter,
 )
 from actors.weights import check_version
+from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, WeightUpdate
@@ -108,10 +109,7 @@ DEFAULT_ENGINE_GB = 4.0
 def engine_utilization(engine_gb: float) -> float:
     """vLLM's gpu_memory_utilization: `engine_gb` as a share of this GPU's whole memory (so an
     8 GB plan holds on a bigger card too)."""
-    import torch
-
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return min(0.95, engine_gb / total)
+    return min(0.95, engine_gb / card_gb())
 
 
 class VLLMRolloutWorker(RolloutWorker):

@@ -79,6 +79,13 @@ def actor_device() -> str:
     return "cuda" if local_gpus() > 0 else "cpu"
 
 
+def card_gb() -> float:
+    """GiB of memory on this process's first visible GPU (call only where one is visible)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
 def cap_process_memory(gpu_memory_gb: float) -> None:
     """Hold this process to `gpu_memory_gb` of its card (torch's per-process fraction), so an
     8 GB card can be reproduced on a bigger one; a no-op on CPU or when 0."""
@@ -86,8 +93,7 @@ def cap_process_memory(gpu_memory_gb: float) -> None:
         return
     import torch
 
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_gb / total), 0)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_gb / card_gb()), 0)
 
 
 def ray_placement() -> dict:

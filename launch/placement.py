@@ -23,7 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from common.config import Config, ConfigError
-from common.device import DeviceError, DevicePlan, local_gpus, plan_devices
+from common.device import DeviceError, DevicePlan, card_gb, local_gpus, plan_devices
 
 log = logging.getLogger("homerl.placement")
 
@@ -120,11 +120,11 @@ def make_placement(cfg: Config, devices: DevicePlan | None = None,
 
 def connect(cfg: Config) -> DevicePlan:
     """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one,
-    and decide each role's device (common/device.py). A GPU config is checked first: with no
-    GPU on a local machine it fails in seconds, before Ray starts; a config that does not fit
-    the card is refused by the planner before any actor starts."""
+    and decide each role's device (common/device.py). A config that does not fit the card is
+    refused by the planner before any actor starts. Call `refuse_missing_gpu` first (the
+    Trainer does, before it loads any data), so a GPU config on a machine without one fails in
+    seconds, before Ray starts."""
     r = cfg.rollout
-    refuse_missing_gpu(cfg)
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
@@ -156,7 +156,7 @@ def check_shared_card(cfg: Config) -> None:
                           f"engine share one GPU (they take turns on it); got "
                           f"{cfg.rollout.max_staleness}")
     gpu_gb = cfg.model.gpu_memory_gb or (
-        local_total_gb() if local_gpus() else 0.0)
+        card_gb() if local_gpus() else 0.0)
     if not gpu_gb:
         log.warning("the driver sees no GPU to size the plan by: pass --gpu-memory-gb N")
         return
@@ -164,9 +164,3 @@ def check_shared_card(cfg: Config) -> None:
     if not cfg.rollout.engine_memory_gb:
         engine = sum(v for p, _, v in budget(cfg) if p == "engine") / GiB
         cfg.rollout.engine_memory_gb = round(engine + 0.2, 2)  # workspace margin
-
-
-def local_total_gb() -> float:
-    import torch
-
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
