@@ -62,6 +62,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
+import numpy as np
 import psutil
 import torch
 
@@ -70,6 +71,7 @@ from common.config import ConfigError, RolloutConfig
 from common.models import load_model, load_tokenizer, resolve_model
 from launch.cli import OneLineParser
 from rewards import format_prompt
+from rewards.shaping import combine
 from rewards.verifiers import verify
 from tools.bench_setup import (
     LORA_TARGETS,
@@ -105,7 +107,7 @@ def result_line(name: str, r: dict) -> str:
 
 # ---- TRL --------------------------------------------------------------------------------------
 def make_reward(format_weight: float, tokens: list, stamps: list):
-    """Our reward for TRL: correct + format_weight * format score.
+    """Our reward for TRL: correct + format_weight * format score (rewards.shaping.combine).
 
     Records the completion tokens of each call and when it came (generation has just ended).
     """
@@ -113,7 +115,8 @@ def make_reward(format_weight: float, tokens: list, stamps: list):
         stamps.append(time.perf_counter())
         tokens.append(sum(len(c) for c in completion_ids))
         results = [verify(c, a) for c, a in zip(completions, answer)]
-        return [r.score + format_weight * r.format_score for r in results]
+        return combine(np.array([r.score for r in results]),
+                       np.array([r.format_score for r in results]), format_weight).tolist()
     return homerl_reward
 
 
