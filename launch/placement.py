@@ -149,7 +149,7 @@ def refuse_missing_gpu(cfg: Config) -> None:
 
 def check_shared_card(cfg: Config) -> None:
     """One card time-sliced by learner and engine: no overlap, and the plan must fit."""
-    from launch.plan import GiB, budget, check
+    from launch.plan import GiB, check, engine_bytes
 
     if cfg.rollout.max_staleness:
         raise ConfigError(f"rollout.max_staleness: must be 0 when the learner and the rollout "
@@ -162,5 +162,5 @@ def check_shared_card(cfg: Config) -> None:
         return
     check(cfg, gpu_gb)
     if not cfg.rollout.engine_memory_gb:
-        engine = sum(v for p, _, v in budget(cfg) if p == "engine") / GiB
+        engine = engine_bytes(cfg) / GiB
         cfg.rollout.engine_memory_gb = round(engine + 0.2, 2)  # workspace margin

@@ -101,11 +101,14 @@ def phases(rows: list[tuple[str, str, float]]) -> dict[str, float]:
             "learn": part["learner"] + part["learner step"] + CUDA_CONTEXT}
 
 
+def engine_bytes(cfg: Config, shapes: Shapes | None = None) -> float:
+    """Bytes the rollout engine holds on the card while awake (the plan's `engine` rows)."""
+    return sum(v for p, _, v in budget(cfg, shapes) if p == "engine")
+
+
 def engine_utilization(cfg: Config, gpu_gb: float, shapes: Shapes | None = None) -> float:
     """vLLM's gpu_memory_utilization (of the card's `gpu_gb`): its share while awake."""
-    rows = budget(cfg, shapes)
-    engine = sum(v for p, _, v in rows if p == "engine")
-    return min(0.95, engine / (gpu_gb * GiB) + 0.02)
+    return min(0.95, engine_bytes(cfg, shapes) / (gpu_gb * GiB) + 0.02)
 
 
 def suggestions(cfg: Config, gpu_gb: float, shapes: Shapes) -> list[str]:
