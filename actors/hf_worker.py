@@ -17,11 +17,10 @@ import os
 import time
 
 import numpy as np
-import psutil
 import torch
 
 from actors.base import RolloutWorker
-from actors.prompts import encode_prompts, verified_batch
+from actors.prompts import encode_prompts, verified_batch, worker_memory
 from actors.sampling import (
     BehaviourRecorder,
     hf_generation_config,
@@ -176,8 +175,7 @@ class HFRolloutWorker(RolloutWorker):
             gen, logp, entropy = self._sample(prompt_ids, call.group_size, call.sampling)
             comps, lps, ents, reasons = self._trim(gen, logp, entropy)
         return verified_batch(self, call.prompts, keep, prompt_ids, call.group_size,
-                              (comps, lps, ents, reasons), skipped, t0,
-                              psutil.Process().memory_info().rss / 2**30)
+                              (comps, lps, ents, reasons), skipped, t0, worker_memory(self))
 
     def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
         """One RolloutBatch per call, generated one after another."""

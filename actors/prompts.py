@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from common.memory import Footprint, footprint
 from common.types import RolloutBatch
 from rewards import format_prompt
 from rewards.shaping import combine
@@ -33,14 +34,26 @@ def encode_prompts(tokenizer, prompts: list[dict], limit: int):
     return keep, skipped, ids
 
 
+def worker_memory(worker) -> tuple[Footprint, Footprint]:
+    """(the worker process's footprint with its children, its verifier process's footprint)."""
+    pid = worker.verifier.pid
+    return footprint(), footprint(pid, children=False) if pid else Footprint()
+
+
+def format_gated(reward_cfg, version: int) -> bool:
+    """Does the format bonus count only for right answers for samples of this policy version?"""
+    return reward_cfg.format_if_correct or version < reward_cfg.format_gate_steps
+
+
 def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: list[list[int]],
                    group_size: int, sampled: tuple, skipped: list[dict], t0: float,
-                   rss_gb: float) -> RolloutBatch:
+                   memory: tuple[Footprint, Footprint]) -> RolloutBatch:
     """Decode and verify G completions per kept prompt; the worker's RolloutBatch.
 
     worker: the calling rollout worker (its tokenizer, verifier, cfg, version and name).
     sampled: (completion ids, behaviour log-probs, entropies, finish reasons), one row per
     completion, prompt-major (row r belongs to kept prompt r // G).
+    memory: (the worker's footprint, its verifier's), from `worker_memory`.
     """
     comps, lps, ents, reasons = sampled
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
@@ -54,8 +67,9 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
         correct=correct, format_score=fmt,
         rewards=combine(correct, fmt, worker.cfg.rollout.format_weight,
-                        worker.cfg.reward.format_if_correct),
+                        format_gated(worker.cfg.reward, worker.version)),
         reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
         version=worker.version, num_prompts=len(prompts),
-        gen_time_s=time.perf_counter() - t0, worker=worker.name, rss_gb=rss_gb,
+        gen_time_s=time.perf_counter() - t0, worker=worker.name, memory=memory[0],
+        verifier_memory=memory[1],
         skipped=skipped)

@@ -83,7 +83,8 @@ class VLLMEngine:
     """An in-process vLLM engine with weight sync, adapters and sleep mode."""
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
-                 lora_rank: int | None = None, gpu_memory_utilization: float | None = None):
+                 lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
+                 kv_cache_bytes: int | None = None):
         import vllm
         from vllm import LLM
 
@@ -100,6 +101,8 @@ class VLLMEngine:
                           max_cpu_loras=1)
         if gpu_memory_utilization is not None:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        if kv_cache_bytes is not None:
+            kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
         self.llm = LLM(**kwargs)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs

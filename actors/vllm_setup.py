@@ -48,7 +48,6 @@ def cpu_bind(threads: int, index: int) -> str:
 def configure_env(cfg, name: str) -> None:
     """vLLM CPU settings; each only when the user has not set it (vLLM reads them at start)."""
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     # One process: the engine core and its model worker run inside this (actor) process. vLLM
     # would otherwise spawn two more processes, each re-importing vLLM (~20 s apiece on 2
     # cores), and a SIGKILLed actor would leave them behind.
@@ -65,6 +64,29 @@ def configure_env(cfg, name: str) -> None:
         if threads:
             os.environ["OMP_NUM_THREADS"] = threads
             torch.set_num_threads(int(threads))
+
+
+KV_HEADROOM = 2.0
+"""KV cache space on a CPU = this x the keys and values of one call's sequences at full length
+(room for prefix-cache blocks and block rounding)"""
+KV_MIN_BYTES = 256 * 2**20
+
+
+def cpu_kv_cache_bytes(cfg, path: str) -> int | None:
+    """vLLM's CPU KV cache space sized from the batch a call brings: G x prompts / workers x
+    steps_per_call sequences of max_prompt_tokens + max_new_tokens. None when the user set
+    VLLM_CPU_KVCACHE_SPACE (vLLM then takes theirs) or on a GPU (the plan sizes it there).
+    vLLM's own CPU default is 4 GiB whatever the batch; cpu-demo needs ~0.2 GiB of it."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") or cuda_available():
+        return None
+    from common.shapes import kv_cache_bytes, model_shapes
+
+    r = cfg.rollout
+    seqs = -(-r.prompts_per_step * r.group_size // r.num_workers) * r.steps_per_call
+    dtype_bytes = 2 if vllm_dtype(cfg.model.dtype) in ("bfloat16", "float16") else 4
+    need = kv_cache_bytes(model_shapes(path), seqs, r.max_prompt_tokens + r.max_new_tokens,
+                          dtype_bytes)
+    return max(KV_MIN_BYTES, int(KV_HEADROOM * need))
 
 
 def count_cores(spec: str) -> int:

@@ -55,7 +55,8 @@ still spawns a process, so scripts construct this class under `if __name__ == "_
 CPU environment (set before the engine starts, each only when not already set):
 `VLLM_CPU_OMP_THREADS_BIND` = the `threads_per_worker` cores this worker owns (worker i takes
 cores i*k .. i*k+k-1 of the process's affinity set, wrapping), with torch's thread count set to
-match; `VLLM_CPU_KVCACHE_SPACE` = 2 (GB); `VLLM_CACHE_ROOT` = $HOMERL_CACHE/vllm.
+match; the KV cache space sized from a call's batch (`vllm_setup.cpu_kv_cache_bytes`; a
+`VLLM_CPU_KVCACHE_SPACE` the user set wins); `VLLM_CACHE_ROOT` = $HOMERL_CACHE/vllm.
 
 vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ... only, so the 16-dim
 `tiny-random-llama` cannot load; `common.tiny_model.save_tiny_vllm_model` writes a
@@ -74,15 +75,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from actors.base import RolloutWorker
-from actors.prompts import encode_prompts, verified_batch
+from actors.prompts import encode_prompts, verified_batch, worker_memory
 from actors.sampling import model_overrides, read_generation_config
 from actors.vllm_engine import VLLMEngine
 from actors.vllm_setup import (
     check_head_size,
     configure_env,
+    cpu_kv_cache_bytes,
     cuda_available,
     eos_ids,
     lora_rank,
@@ -140,7 +141,8 @@ class VLLMRolloutWorker(RolloutWorker):
             eager=not cuda_available(), max_model_len=min(max_len, limit or max_len),
             lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
             gpu_memory_utilization=engine_utilization(
-                cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None)
+                cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None,
+            kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path))
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
@@ -273,14 +275,14 @@ class VLLMRolloutWorker(RolloutWorker):
         encoded = [self._requests(call) for call in calls]
         outs = self.engine.generate([x for enc in encoded for x in enc[3]],
                                     [p for enc in encoded for p in enc[4]], self.adapter)
-        batches, start, rss = [], 0, _tree_rss_gb()
+        batches, start, memory = [], 0, worker_memory(self)
         for call, (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
             rows = [c for out in outs[start: start + len(ins)] for c in out]
             start += len(ins)
             sampled = ([c.token_ids for c in rows], [c.logprobs for c in rows],
                        [c.entropy for c in rows], [c.finish_reason for c in rows])
             batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
-                                          call.group_size, sampled, skipped, t0, rss))
+                                          call.group_size, sampled, skipped, t0, memory))
         elapsed = time.perf_counter() - t0
         return [replace(b, gen_time_s=elapsed / len(batches)) for b in batches]
 
@@ -327,14 +329,3 @@ class VLLMRolloutWorker(RolloutWorker):
 def _natural_key(name: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
-
-def _tree_rss_gb() -> float:
-    """Resident memory of this process and its children (vLLM's engine core), GB."""
-    proc = psutil.Process()
-    total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / 2**30

@@ -3,7 +3,8 @@
 An fp32 worker merges LoRA payloads, W = W0 + scale * B @ A, into its own weights: decoding a
 merged model costs the same as the base model, while unmerged adapters add two small matmuls
 per layer per token, which at small batch on a CPU is a large share of the decode time.
-W0 is kept once so every merge starts from the base, not from the last merge.
+W0 is kept once so every merge starts from the base, not from the last merge: it is the loaded
+tensor itself (file pages the learner shares), and the merged weights live in a new one.
 
 A bf16 worker keeps the adapters unmerged instead (a forward hook adds scale * B(A x) in fp32,
 as peft does in the learner): rounding W0 + scale * B @ A to bf16 loses most of a small
@@ -74,9 +75,15 @@ class WeightApplier:
                                        _tensor(tensors[f"{name}.lora_B"], dev).float(), scale)
             return len(names)
         for name in names:
-            weight = self.modules[name].weight
+            module = self.modules[name]
             if name not in self.base:
-                self.base[name] = weight.detach().clone()
+                # Keep the loaded tensor as the base and merge into a new one: the loaded
+                # weights are pages of the model file, shared with the learner's copy, and
+                # writing into them would make this process hold a private second copy.
+                self.base[name] = module.weight.detach()
+                module.weight = torch.nn.Parameter(torch.empty_like(module.weight),
+                                                   requires_grad=False)
+            weight = module.weight
             a = _tensor(tensors[f"{name}.lora_A"], weight.device)   # (r, in)
             b = _tensor(tensors[f"{name}.lora_B"], weight.device)   # (out, r)
             merged = self.base[name].float() + scale * (b @ a)      # (out, in)

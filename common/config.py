@@ -211,8 +211,11 @@ class RewardConfig:
     """soft_penalty: share of max_new_tokens over which the penalty ramps from 0 to -1"""
     format_if_correct: bool = False
     """the format bonus (rollout.format_weight) counts only for a right answer"""
+    format_gate_steps: int = 0
+    """the format bonus counts only for a right answer while the policy version is below this"""
 
     def __post_init__(self):
+        _int("reward.format_gate_steps", self.format_gate_steps, 0)
         _choice("reward.overlong", self.overlong, ("keep", "mask", "soft_penalty"))
         _range("reward.overlong_buffer", self.overlong_buffer, 0.0, 1.0, lo_open=True)
 

@@ -25,6 +25,8 @@ class Shapes:
     vocab: int
     tied: bool
     params: int = 0
+    dtype: str = "bfloat16"
+    """dtype of the stored weights (config.json's dtype / torch_dtype)"""
 
     def __post_init__(self):
         if not self.params:
@@ -45,6 +47,11 @@ class Shapes:
 
     def norm_params(self) -> int:
         return (2 * self.layers + 1) * self.hidden
+
+
+def kv_cache_bytes(s: Shapes, seqs: int, tokens: int, dtype_bytes: int) -> int:
+    """Bytes of keys and values for `seqs` sequences of `tokens` tokens each."""
+    return seqs * tokens * 2 * s.layers * s.kv_heads * s.head_dim * dtype_bytes
 
 
 KNOWN = {
@@ -74,7 +81,9 @@ def model_shapes(name: str) -> Shapes:
                       intermediate=c.intermediate_size, heads=heads,
                       kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                       head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                      vocab=c.vocab_size, tied=bool(getattr(c, "tie_word_embeddings", False)))
+                      vocab=c.vocab_size, tied=bool(getattr(c, "tie_word_embeddings", False)),
+                      dtype=str(getattr(c, "dtype", None) or getattr(c, "torch_dtype", None)
+                                or "float32").replace("torch.", ""))
     except Exception as err:  # noqa: BLE001 - unreachable hub, missing cache, odd config
         if name.lower() in KNOWN:
             return KNOWN[name.lower()]

@@ -168,6 +168,10 @@ _RAGGED = {"prompt_ids": np.int64, "completion_ids": np.int64, "logprobs": np.fl
 _ARRAYS = ("correct", "format_score", "rewards")
 
 
+_MEASURED = ("memory", "verifier_memory")
+"""RolloutBatch fields that describe the worker when it ran, not the rollouts: not saved"""
+
+
 def rollout_to_state(prefix: str, batch: RolloutBatch) -> tuple[dict, dict]:
     """(tensors, meta) of a RolloutBatch, names under `prefix`."""
     tensors = {}
@@ -176,7 +180,7 @@ def rollout_to_state(prefix: str, batch: RolloutBatch) -> tuple[dict, dict]:
     for name in _ARRAYS:
         tensors[f"{prefix}.{name}"] = np.asarray(getattr(batch, name), dtype=np.float32)
     meta = {f.name: getattr(batch, f.name) for f in fields(batch)
-            if f.name not in _RAGGED and f.name not in _ARRAYS}
+            if f.name not in _RAGGED and f.name not in _ARRAYS and f.name not in _MEASURED}
     return tensors, meta
 
 

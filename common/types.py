@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from common import metrics as M
+from common.memory import Footprint
 
 SAMPLE_ROWS = 4
 """completions per rollout whose text the driver gets (samples.jsonl)"""
@@ -79,8 +80,10 @@ class RolloutBatch:
     """name of the worker that produced it"""
     answers: list[str | None] = field(default_factory=list)
     """(N,) the verifier's normalised final answer of each completion (None: none found)"""
-    rss_gb: float = 0.0
-    """resident memory of the worker that produced it, GB"""
+    memory: Footprint = Footprint()
+    """the producing worker's memory, its children (verifier, engine core) included"""
+    verifier_memory: Footprint = Footprint()
+    """its verifier process's part of `memory`"""
     skipped: list[dict] = field(default_factory=list)
     """prompts refused before generation (e.g. longer than max_prompt_tokens), with reason"""
 
@@ -98,7 +101,8 @@ class RolloutBatch:
             reward_errors=list(self.reward_errors), answers=list(self.answers),
             sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
             num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
-            rss_gb=self.rss_gb, skipped=list(self.skipped))
+            memory={self.worker: self.memory}, verifier_memory={self.worker: self.verifier_memory},
+            skipped=list(self.skipped))
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ class RolloutSummary:
     """worker wall time (the slowest share, after concat)"""
     worker: str = ""
     """worker name(s)"""
-    rss_gb: float = 0.0
-    """worker resident memory, GB (summed over shares)"""
+    memory: dict[str, Footprint] = field(default_factory=dict)
+    """{worker name: its memory} (children included)"""
+    verifier_memory: dict[str, Footprint] = field(default_factory=dict)
+    """{worker name: its verifier process's memory}"""
     skipped: list[dict] = field(default_factory=list)
     """refused prompts with reasons"""
     sample_index: list[int] = field(default_factory=list)
@@ -165,7 +171,9 @@ class RolloutSummary:
             prompt_index=index, reward_errors=join("reward_errors"), answers=join("answers"),
             sample_texts=samples, sample_index=rows, version=min(p.version for p in parts),
             num_prompts=offset, gen_time_s=max(p.gen_time_s for p in parts),
-            worker=",".join(p.worker for p in parts), rss_gb=sum(p.rss_gb for p in parts),
+            worker=",".join(p.worker for p in parts),
+            memory={k: v for p in parts for k, v in p.memory.items()},
+            verifier_memory={k: v for p in parts for k, v in p.verifier_memory.items()},
             skipped=join("skipped"))
 
     def metrics(self) -> dict:
@@ -287,6 +295,8 @@ class LearnerStep:
     version: int = _metric(M.WEIGHTS_VERSION)
     """weights version after the step"""
     rss_gb: float = _metric(M.LEARNER_RSS_GB)
+    pss_gb: float = _metric(M.LEARNER_PSS_GB)
+    peak_gb: float = _metric(M.LEARNER_PEAK_GB)
 
     def row(self) -> dict:
         """{metric name: value} for metrics.jsonl."""

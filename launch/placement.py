@@ -125,6 +125,9 @@ def connect(cfg: Config) -> DevicePlan:
     Trainer does, before it loads any data), so a GPU config on a machine without one fails in
     seconds, before Ray starts."""
     r = cfg.rollout
+    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and (
+            cfg.model.device == "cpu" or (cfg.model.device == "auto" and not local_gpus())):
+        check_ram(cfg)  # a local CPU run: every process on this machine
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
@@ -136,6 +139,15 @@ def connect(cfg: Config) -> DevicePlan:
     if devices.shared_card:
         check_shared_card(cfg)
     return devices
+
+
+def check_ram(cfg: Config) -> None:
+    """Refuse (one line) a local CPU run whose RAM plan exceeds the memory available now."""
+    import psutil
+
+    from launch.ram_plan import GiB, check
+
+    check(cfg, psutil.virtual_memory().available / GiB)
 
 
 def refuse_missing_gpu(cfg: Config) -> None:

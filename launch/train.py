@@ -34,7 +34,6 @@ import sys
 import time
 
 import numpy as np
-import psutil
 import ray
 import torch
 from tqdm import tqdm
@@ -43,6 +42,7 @@ from actors.hf_worker import HFRolloutWorker
 from common import metrics as M
 from common.config import Config, ConfigError
 from common.device import DeviceError
+from common.memory import Footprint, footprint, memory_row, ray_row
 from common.models import ModelNotFoundError, resolve_model
 from common.state_io import CheckpointError
 from common.types import LearnerStep, RolloutSummary, TrainPlan
@@ -98,11 +98,6 @@ def rollout_worker_class(cfg: Config):
     return VLLMRolloutWorker
 
 
-def rss_gb(pid: int | None = None) -> float:
-    """Resident memory of a process (this one by default), GB."""
-    return psutil.Process(pid).memory_info().rss / 2**30
-
-
 def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
     """samples.jsonl rows: the completions whose text the workers sent back."""
     rows = []
@@ -140,6 +135,7 @@ class Trainer:
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
         self.learner_version = 0  # the learner's weights version; workers get it lazily (_fill)
+        self.ray_memory_logged = False  # Ray's daemons' memory goes in the run's first row
         self.engine_awake = True  # a shared GPU: the engine sleeps through each learner step
         self.card_log = collections.deque(maxlen=64)  # (event, step) on a shared GPU
         if cfg.curriculum.sent:
@@ -267,12 +263,17 @@ class Trainer:
         t_learn = time.perf_counter() - t1
         self.learner_version = learned.version
         self.curriculum.observe(float(np.mean(summary.correct)))
+        # the driver alone: a local Ray cluster's processes are its children
+        memory = memory_row(footprint(children=False),
+                            Footprint(learned.rss_gb, learned.pss_gb, learned.peak_gb),
+                            summary.memory, summary.verifier_memory)
         row = {M.STEP: k, **summary.metrics(), **plan_stats, **learned.row(), **stage_stats,
                M.CURRICULUM_STAGE: slot.stage, M.ROLLOUT_S: summary.gen_time_s,
                M.ROLLOUT_WAIT_S: t_roll, M.LEARNER_S: t_learn, M.SYNC_S: t_sync,
-               M.RESTARTS: self.pool.restarts, M.DRIVER_RSS_GB: rss_gb(),
-               M.WORKERS_RSS_GB: summary.rss_gb}
-        row[M.RSS_GB] = summary.rss_gb + learned.rss_gb + row[M.DRIVER_RSS_GB]
+               M.RESTARTS: self.pool.restarts, **memory}
+        if not self.ray_memory_logged:  # Ray's daemons: once, outside the run's totals
+            row |= ray_row()
+            self.ray_memory_logged = True
         every = cfg.run.checkpoint_every
         if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
             row[M.SYNC_S] += self._fill(k + 1)

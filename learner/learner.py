@@ -13,11 +13,11 @@ import collections
 import time
 
 import numpy as np
-import psutil
 import torch
 
 from common import metrics as M
 from common.device import actor_device, cap_process_memory, ray_placement
+from common.memory import footprint, release_free_memory
 from common.state_io import (
     load_state,
     optimizer_state,
@@ -154,7 +154,8 @@ class Learner:
         self.version += 1
         if self.device == "cuda":
             torch.cuda.empty_cache()  # the activations' blocks go back to the shared card
-        m = stats.metrics()
+        release_free_memory()  # and on the CPU, the freed activations go back to the OS
+        m, mem = stats.metrics(), footprint()
         return LearnerStep(
             loss_policy=m[M.LOSS_POLICY], loss_kl=m[M.LOSS_KL], loss_ewc=ewc_loss,
             clip_frac=m[M.CLIP_FRAC], clip_frac_low=m[M.CLIP_FRAC_LOW],
@@ -166,7 +167,7 @@ class Learner:
             grad_norm=grad_norm, tokens_selected=int(sel.sum()),
             tokens_completion=int(mask.sum()), active_seqs=len(active),
             compute_s=time.perf_counter() - t0, version=self.version,
-            rss_gb=psutil.Process().memory_info().rss / 2**30)
+            rss_gb=mem.rss_gb, pss_gb=mem.pss_gb, peak_gb=mem.peak_gb)
 
     @torch.no_grad()
     def _probe_logp(self, batch: TrainBatch, sel: torch.Tensor, old_logp: torch.Tensor):

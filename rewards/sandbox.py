@@ -84,6 +84,12 @@ class VerifierPool:
         self.errors: collections.Counter[str] = collections.Counter()
         self.starts = 0
 
+    @property
+    def pid(self) -> int | None:
+        """The worker process's pid while it runs (for memory accounting), else None."""
+        proc = self._process
+        return proc.pid if proc is not None and proc.is_alive() else None
+
     def __enter__(self) -> VerifierPool:
         return self
 

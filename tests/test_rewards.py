@@ -366,3 +366,16 @@ def test_format_bonus_only_for_right_answers_by_hand():
     np.testing.assert_allclose(combine(correct, fmt, 0.5), [1.5, 1.25, 0.5, 0.0])
     # gated: the formatted guess (row 2) earns nothing, right answers keep their bonus
     np.testing.assert_allclose(combine(correct, fmt, 0.5, if_correct=True), [1.5, 1.25, 0.0, 0.0])
+
+
+def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
+    from actors.prompts import format_gated
+    from common.config import ConfigError, RewardConfig
+
+    gate = RewardConfig(format_gate_steps=50)
+    assert format_gated(gate, 0) and format_gated(gate, 49)
+    assert not format_gated(gate, 50) and not format_gated(gate, 200)
+    assert not format_gated(RewardConfig(), 0)                    # default: never gated
+    assert format_gated(RewardConfig(format_if_correct=True), 500)  # always gated
+    with pytest.raises(ConfigError, match="reward.format_gate_steps"):
+        RewardConfig(format_gate_steps=-1)

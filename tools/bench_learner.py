@@ -2,6 +2,8 @@
 
     python -m tools.bench_learner                 # 1 warm-up + 5 timed steps per setting
     python -m tools.bench_learner --steps 3 --modes lora --rhos 0.2,1.0
+    python -m tools.bench_learner --modes lora --rhos 0.2 --micro-batch 4   # one setting: its
+                                                                           # memory peak too
 
 A fixed synthetic batch (16 sequences: real chat-formatted arithmetic prompts + 32 sampled-like
 completion tokens, all advantages non-zero so every sequence is trained) so the settings do the
@@ -17,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from common.memory import footprint
 from common.models import load_tokenizer, resolve_model
 from common.types import TrainBatch
 from launch.presets import get_preset
@@ -38,13 +41,17 @@ def make_batch(cfg, n: int = 16, completion_len: int = 32, seed: int = 0) -> Tra
                       [rng.uniform(0, 4, completion_len).astype(np.float32) for _ in comps], adv)
 
 
-def bench(mode: str, rho: float, steps: int, threads: int) -> dict:
+def bench(mode: str, rho: float, steps: int, threads: int, micro_batch: int = 16) -> dict:
     cfg = get_preset("cpu-demo")
     cfg.lora.mode, cfg.grpo.entropy_rho = mode, rho
     cfg.rollout.learner_threads = threads
-    cfg.grpo.micro_batch = 16
+    cfg.grpo.micro_batch = micro_batch
     learner = Learner(cfg)
     batch = make_batch(cfg)
+    with torch.no_grad():  # page the file-mapped weights in, so the peak below is the step's
+        for p in learner.model.parameters():
+            p.sum()
+    resident = footprint(children=False).rss_gb
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
@@ -55,6 +62,7 @@ def bench(mode: str, rho: float, steps: int, threads: int) -> dict:
     payload = learner.export()
     export_s = time.perf_counter() - t0
     return {"mode": mode, "rho": rho, "median_s": statistics.median(times),
+            "step_peak_gb": footprint(children=False).peak_gb - resident,
             "steps": [round(t, 2) for t in times], "export_mb": payload.nbytes / 2**20,
             "export_s": export_s}
 
@@ -65,11 +73,15 @@ def main(argv=None) -> int:
     p.add_argument("--rhos", default="0.2,1.0", help="comma-separated entropy_rho values")
     p.add_argument("--steps", type=int, default=5, help="timed steps per setting")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    p.add_argument("--micro-batch", type=int, default=16, help="grpo.micro_batch")
     args = p.parse_args(argv)
-    rows = [bench(m, float(r), args.steps, args.threads)
+    rows = [bench(m, float(r), args.steps, args.threads, args.micro_batch)
             for m in args.modes.split(",") for r in args.rhos.split(",")]
     print(f"learner step, cpu-demo model, 16 seqs x (~60 prompt + 32 completion) tokens, "
-          f"{args.threads} threads, fp32 (no AMX here) / bf16 autocast where AMX")
+          f"micro-batch {args.micro_batch}, {args.threads} threads, fp32 (no AMX here) / bf16 "
+          "autocast where AMX")
+    if len(rows) == 1:  # the high-water mark is the process's: one setting per process
+        print(f"step peak above the resident model: {rows[0]['step_peak_gb']:.2f} GiB")
     for r in rows:
         print(f"{r['mode']:>6} rho={r['rho']:<4} median {r['median_s']:6.2f} s/step  "
               f"(steps {r['steps']})  export {r['export_mb']:7.1f} MB in {r['export_s']:.2f} s")

@@ -1,0 +1,221 @@
+"""RAM planner for CPU runs: the predicted peak footprint of each of the run's processes.
+
+    python -m launch.ram_plan --preset cpu-demo                 # table, exit 0 when it fits
+    python -m launch.ram_plan --preset cpu-14core --ram-gb 8    # exit 1: does not fit 8 GiB
+
+`launch.train` asks it before any actor starts and refuses a CPU config whose plan exceeds the
+machine's available memory, in one line naming the largest consumer and what to change.
+
+Figures are PSS (common/memory.py): pages shared between processes (libtorch, a model file two
+processes map) count once in total. Per process (bytes):
+
+* runtime: Python + torch + transformers + peft + Ray imported, no model (RUNTIME, measured on
+  this project's pinned versions); the driver holds only its imports (DRIVER_RUNTIME); each
+  worker's verifier process VERIFIER.
+* base weights W = params x bytes(model.dtype). When the stored file already has that dtype
+  the learner and the HF workers map it and share its pages (W / sharers each); otherwise
+  each converts into a private copy (W each). A vLLM engine loads its own copy.
+* HF worker with LoRA: the merged copies of the adapted linears (the base stays the shared file).
+* learner: LoRA params + grads + AdamW moments, fp32 (16 B each; full FT: every parameter,
+  plus an fp32 master copy if the body is not fp32); the step's activations of one micro-batch
+  (ACT_OVERHEAD x one layer's working set x tokens x layers, calibrated on cpu-demo); one chunk
+  of LM-head logits.
+* rollout: the HF worker's KV cache of its sequences in the model dtype and two (seqs x vocab)
+  fp32 logit rows per decode step; vLLM's KV cache space as sized by the worker.
+
+Prompts are planned at PROMPT_TOKENS of the task (the chat template included), not at
+rollout.max_prompt_tokens: the worst case would overstate a 60-token arithmetic prompt 4x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from actors.vllm_setup import KV_HEADROOM, KV_MIN_BYTES
+from common.config import Config, ConfigError
+from common.shapes import Shapes, kv_cache_bytes, model_shapes
+from launch.presets import PRESETS, get_preset
+
+GiB = 2**30
+RUNTIME = 0.37 * GiB
+"""PSS of a learner or rollout-worker process before its model (torch + transformers + Ray)"""
+DRIVER_RUNTIME = 0.33 * GiB
+"""PSS of the driver (it imports the actor classes, so torch and transformers)"""
+VERIFIER = 0.08 * GiB
+"""PSS of a worker's verifier process (a spawned interpreter with Ray's worker imports)"""
+VLLM_RUNTIME = 0.5 * GiB
+"""extra PSS of vLLM's engine in a worker process, before weights and KV cache"""
+ACT_OVERHEAD = 4.0
+"""learner activation bytes per token and layer, in units of one copy of a layer's working set
+(2 hidden + q + k + v + attention out + 3 intermediate values): measured 3.9-4.2 on cpu-demo
+(+0.55 GiB of peak for 160 more micro-batch tokens; the saved tensors, their gradients, LoRA
+inputs and the allocator's slack)"""
+PROMPT_TOKENS = {"arith": 70, "gsm8k": 200}
+"""typical chat-formatted prompt length of each task (tokens)"""
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+def run_dtype(cfg: Config) -> str:
+    """fp32 or bf16: the dtype the workers and learner hold the model in on this CPU."""
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    from common.models import cpu_supports_bf16
+
+    return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def _prompt_tokens(cfg: Config) -> int:
+    return min(cfg.rollout.max_prompt_tokens, PROMPT_TOKENS.get(cfg.curriculum.task, 200))
+
+
+def _lora_params(cfg: Config, s: Shapes) -> int:
+    return s.layers * sum(cfg.lora.r * (i + o) for m, (i, o) in s.linear_sizes().items()
+                          if m in cfg.lora.modules())
+
+
+def _adapted_linear_params(cfg: Config, s: Shapes) -> int:
+    return s.layers * sum(i * o for m, (i, o) in s.linear_sizes().items()
+                          if m in cfg.lora.modules())
+
+
+def learner_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, float]]:
+    ro, g, nbytes = cfg.rollout, cfg.grpo, DTYPE_BYTES[run_dtype(cfg)]
+    rows = [("runtime", RUNTIME), ("base weights", weights_each)]
+    if cfg.lora.mode == "full":
+        master = 0 if nbytes == 4 else s.params * 4
+        rows.append(("full FT: params + grads + AdamW, fp32", s.params * 12.0 + master))
+    else:
+        rows.append((f"LoRA r={cfg.lora.r}: params + grads + AdamW, fp32",
+                     _lora_params(cfg, s) * 16.0))
+    tokens = g.micro_batch * ro.max_new_tokens + _prompt_tokens(cfg)  # prompt run once
+    working = (2 * s.hidden + 2 * s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
+               + 3 * s.intermediate) * nbytes                        # one token, one layer
+    per_layer = ACT_OVERHEAD * working
+    if cfg.model.gradient_checkpointing:
+        acts = tokens * (s.layers * s.hidden * nbytes + per_layer)
+    else:
+        acts = tokens * s.layers * per_layer
+    rows.append((f"step activations ({g.micro_batch} x {ro.max_new_tokens} + "
+                 f"{_prompt_tokens(cfg)} tokens)", acts))
+    rows.append(("LM-head logits, one chunk", 2 * 64 * 2**20))
+    return rows
+
+
+def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, float]]:
+    ro, nbytes = cfg.rollout, DTYPE_BYTES[run_dtype(cfg)]
+    seqs = -(-ro.prompts_per_step * ro.group_size // ro.num_workers) * ro.steps_per_call
+    tokens = _prompt_tokens(cfg) + ro.max_new_tokens
+    rows = [("runtime", RUNTIME), ("verifier process", VERIFIER)]
+    if ro.engine == "vllm":
+        kv = max(KV_MIN_BYTES, KV_HEADROOM * kv_cache_bytes(
+            s, seqs, ro.max_prompt_tokens + ro.max_new_tokens, nbytes))  # as the worker sizes it
+        rows += [("vLLM engine runtime", VLLM_RUNTIME),
+                 ("vLLM weights (own copy)", s.params * float(nbytes)),
+                 ("vLLM KV cache space", float(kv))]
+        if cfg.lora.mode != "full":
+            rows.append(("W0 and merge buffers of the adapted linears",
+                         2 * _adapted_linear_params(cfg, s) * 4.0))
+        return rows
+    rows.append(("base weights", weights_each))
+    if cfg.lora.mode != "full":
+        rows.append(("merged LoRA linears", _adapted_linear_params(cfg, s) * float(nbytes)))
+    rows += [(f"KV cache ({seqs} seqs x {tokens} tokens)",
+              float(kv_cache_bytes(s, seqs, tokens, nbytes))),
+             ("decode logits", seqs * s.vocab * 8.0)]
+    return rows
+
+
+def budget(cfg: Config, shapes: Shapes | None = None) -> list[tuple[str, str, float]]:
+    """[(process, component, bytes)] of a CPU run: driver, learner, each rollout worker."""
+    s = shapes or model_shapes(cfg.model.name)
+    ro = cfg.rollout
+    dtype = run_dtype(cfg)
+    weights = s.params * float(DTYPE_BYTES[dtype])
+    mapped = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[dtype]  # stored as run: file pages
+    sharers = 1 + (ro.num_workers if ro.engine == "hf" else 0)
+    each = weights / sharers if mapped and cfg.lora.mode != "qlora" else weights
+    rows = [("driver", "runtime (imports)", DRIVER_RUNTIME)]
+    rows += [("learner", name, v) for name, v in learner_rows(cfg, s, each)]
+    for i in range(ro.num_workers):
+        rows += [(f"rollout-{i}", name, v) for name, v in worker_rows(cfg, s, each)]
+    return rows
+
+
+def per_process(rows: list[tuple[str, str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for proc, _, v in rows:
+        out[proc] = out.get(proc, 0.0) + v
+    return out
+
+
+def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> tuple[str, bool, float]:
+    """(table text, fits, total GiB)."""
+    s = shapes or model_shapes(cfg.model.name)
+    rows = budget(cfg, s)
+    procs = per_process(rows)
+    total = sum(procs.values()) / GiB
+    lines = [f"{cfg.preset}: {cfg.model.name} ({s.params / 1e6:.0f}M params, stored "
+             f"{s.dtype}, run {run_dtype(cfg)}), engine={cfg.rollout.engine}, "
+             f"{cfg.rollout.num_workers} worker(s), micro_batch={cfg.grpo.micro_batch}", ""]
+    lines += [f"  {p:<10} {name:<56} {v / GiB:6.2f} GiB" for p, name, v in rows]
+    lines += ["  " + "-" * 76]
+    lines += [f"  {p:<67} {v / GiB:6.2f} GiB" for p, v in procs.items()]
+    lines.append(f"  {'peak total (PSS, Ray daemons not included)':<67} {total:6.2f} GiB of "
+                 f"{ram_gb:g}: " + ("fits" if total <= ram_gb else "does not fit"))
+    return "\n".join(lines), total <= ram_gb, total
+
+
+def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> str:
+    """One line: the plan's total, its largest consumer, and what to change."""
+    s = shapes or model_shapes(cfg.model.name)
+    rows = budget(cfg, s)
+    total = sum(v for _, _, v in rows) / GiB
+    n = cfg.rollout.num_workers
+    groups: dict[tuple[str, str], float] = {}  # a component summed over the rollout workers
+    for proc, name, v in rows:
+        key = (f"{n} rollout worker(s)" if proc.startswith("rollout-") else proc, name)
+        groups[key] = groups.get(key, 0.0) + v
+    (proc, name), big = max(groups.items(), key=lambda kv: kv[1])
+    fix = {"step activations": "--grpo.micro_batch or --model.gradient_checkpointing true",
+           "base weights": "a smaller model or --model.dtype bf16",
+           "vLLM": "--rollout.engine hf", "KV cache": "--rollout.group_size or max_new_tokens"}
+    hint = next((v for k, v in fix.items() if name.startswith(k)), "a smaller model")
+    if proc.endswith("worker(s)") and n > 1:
+        hint = "--rollout.num_workers " + str(max(1, n // 2))
+    return (f"the plan needs {total:.2f} GiB of RAM and {ram_gb:.2f} GiB is available: largest "
+            f"{proc}: {name} {big / GiB:.2f} GiB; try {hint} (python -m launch.ram_plan)")
+
+
+def check(cfg: Config, available_gb: float) -> None:
+    """Raise ConfigError (one line) when a CPU config's plan exceeds `available_gb`."""
+    _, fits, _ = report(cfg, available_gb)
+    if not fits:
+        raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import psutil
+
+    ap = argparse.ArgumentParser(prog="python -m launch.ram_plan",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="cpu-demo", help=f"one of {', '.join(PRESETS)}")
+    ap.add_argument("--ram-gb", type=float, default=psutil.virtual_memory().available / GiB,
+                    help="RAM to plan for, GiB (default: available now)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default=None, help="rollout.engine")
+    ap.add_argument("--num-workers", type=int, default=None, help="rollout.num_workers")
+    args = ap.parse_args(argv)
+    try:
+        cfg = get_preset(args.preset)
+        cfg.rollout.engine = args.engine or cfg.rollout.engine
+        cfg.rollout.num_workers = args.num_workers or cfg.rollout.num_workers
+        text, fits, _ = report(cfg, args.ram_gb)
+    except (ConfigError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

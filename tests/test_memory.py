@@ -1,0 +1,104 @@
+"""Memory: the chunked LM-head log-probs, process footprints, the memory metrics row."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from common import metrics as M
+from common.memory import Footprint, footprint, memory_row
+from learner.model import _target_logprobs, head_fp32, head_logprobs
+
+
+def _head_and_rows(k=37, hidden=16, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden, generator=g))
+    h = torch.randn(k, hidden, generator=g, requires_grad=True)
+    targets = torch.randint(0, vocab, (k,), generator=g)
+    return head, h, targets
+
+
+def test_chunked_head_logprobs_match_the_unchunked_values_and_gradients():
+    head, h, targets = _head_and_rows()
+    # 3 rows of a 50-word vocabulary per chunk: 13 chunks, the last one short
+    logp_c, ent_c = head_logprobs(head, h, targets, temperature=0.7, chunk_bytes=3 * 4 * 50)
+    w = torch.linspace(-1, 1, len(targets))
+    (logp_c * w).sum().backward()
+    grad_h_c, grad_w_c = h.grad.clone(), head.weight.grad.clone()
+    h.grad, head.weight.grad = None, None
+
+    logp, ent = _target_logprobs(head_fp32(head, h) / 0.7, targets)
+    (logp * w).sum().backward()
+    torch.testing.assert_close(logp_c, logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent_c, ent, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_h_c, h.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_w_c, head.weight.grad, rtol=1e-5, atol=1e-5)
+    assert not ent_c.requires_grad
+
+
+def test_head_logprobs_are_log_probabilities_of_the_targets():
+    head, h, targets = _head_and_rows(k=5, vocab=7)
+    logp, ent = head_logprobs(head, h, targets, chunk_bytes=4 * 7)  # one row per chunk
+    probs = torch.softmax(h @ head.weight.T, -1)                    # (K, V)
+    torch.testing.assert_close(logp, probs[range(5), targets].log(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent, -(probs * probs.log()).sum(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_footprint_of_this_process_counts_a_new_private_buffer():
+    before = footprint(children=False)
+    buf = np.ones(64 * 2**20 // 8)  # 64 MiB, written so it is resident
+    after = footprint(children=False)
+    assert after.rss_gb - before.rss_gb > 0.05
+    assert after.pss_gb - before.pss_gb > 0.05   # private pages count in full in PSS
+    assert after.peak_gb >= after.rss_gb > 0
+    assert 0 < after.pss_gb <= after.rss_gb
+    del buf
+
+
+def test_footprint_splits_pages_shared_with_a_forked_child():
+    buf = np.ones(128 * 2**20 // 8)  # 128 MiB written before the fork: shared copy-on-write
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child waits, holding the shared pages, until the parent has measured
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    try:
+        parent = footprint(children=False)
+        both = footprint(children=True)
+        assert both.children_rss_gb > 0.1            # the child maps the buffer too
+        # RSS counts the shared buffer in both processes, PSS splits it between them
+        assert both.rss_gb - parent.rss_gb > 0.1
+        assert both.pss_gb < parent.pss_gb + (both.rss_gb - parent.rss_gb) - 0.05
+    finally:
+        os.close(read)
+        os.write(write, b"x")
+        os.close(write)
+        os.waitpid(pid, 0)
+    del buf
+
+
+def test_peak_pss_adds_the_high_water_excess_over_todays_rss():
+    fp = Footprint(rss_gb=1.0, pss_gb=0.6, peak_gb=1.5)
+    assert fp.peak_pss_gb == pytest.approx(1.1)
+    assert Footprint(rss_gb=1.0, pss_gb=0.6, peak_gb=1.0).peak_pss_gb == pytest.approx(0.6)
+
+
+def test_memory_row_sums_the_roles_and_names_each_worker():
+    driver = Footprint(0.1, 0.05, 0.1)
+    learner = Footprint(1.0, 0.7, 2.0)
+    workers = {"rollout-0": Footprint(1.0, 0.6, 1.1, 0.1), "rollout-1": Footprint(2.0, 1.4, 2.0)}
+    row = memory_row(driver, learner, workers, {"rollout-0": Footprint(0.1, 0.08, 0.1)})
+    assert row[M.RSS_GB] == pytest.approx(4.1)
+    assert row[M.PSS_GB] == pytest.approx(2.75)
+    assert row[M.PEAK_GB] == pytest.approx(5.2)
+    # 0.05 + (0.7 + 1.0) + (0.6 + 0.1) + 1.4
+    assert row[M.PEAK_PSS_GB] == pytest.approx(3.85)
+    assert row[M.WORKERS_PSS_GB] == pytest.approx(2.0)
+    assert row[M.VERIFIER_PSS_GB] == pytest.approx(0.08)
+    assert row[f"{M.WORKER_MEMORY_PREFIX}rollout-1_rss_gb"] == 2.0
+    assert row[f"{M.WORKER_MEMORY_PREFIX}rollout-0_peak_gb"] == 1.1
+

@@ -1,0 +1,73 @@
+"""Measured peak memory of finished runs next to the RAM plan of their config.
+
+    python -m launch.train --preset cpu-demo --steps 8 --run-dir runs/mem-hf
+    python -m tools.memory_table runs/mem-hf
+
+Per role, the largest PSS + (high-water RSS - RSS) over the run's steps (common/memory.py), the
+plan's figure for the same config (launch/ram_plan.py) and their ratio; Ray's daemons as the
+run's first row recorded them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from common import metrics as M
+from common.config import Config
+from common.memory import Footprint
+from launch import ram_plan
+from launch.run_io import read_jsonl
+
+ROLES = {"driver": "memory/driver_", "learner": "memory/learner_", "workers": "memory/workers_"}
+
+
+def measured(rows: list[dict]) -> dict[str, float]:
+    """{role: peak PSS estimate over the steps} and the total."""
+    out = {}
+    for role, prefix in ROLES.items():
+        out[role] = max(Footprint(r[prefix + "rss_gb"], r[prefix + "pss_gb"],
+                                  r[prefix + "peak_gb"]).peak_pss_gb for r in rows)
+    out["total"] = max(r[M.PEAK_PSS_GB] for r in rows)
+    return out
+
+
+def planned(cfg: Config) -> dict[str, float]:
+    procs = ram_plan.per_process(ram_plan.budget(cfg))
+    gib = ram_plan.GiB
+    return {"driver": procs["driver"] / gib, "learner": procs["learner"] / gib,
+            "workers": sum(v for k, v in procs.items() if k.startswith("rollout-")) / gib,
+            "total": sum(procs.values()) / gib}
+
+
+def table(run_dir: str) -> str:
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = Config.from_dict(json.load(f))
+    got, plan = measured(rows), planned(cfg)
+    lines = [f"{run_dir}: {cfg.preset}, engine={cfg.rollout.engine}, {len(rows)} steps "
+             "(GiB, peak PSS)", f"  {'role':<8} {'plan':>6} {'measured':>9} {'plan/meas':>10}"]
+    lines += [f"  {k:<8} {plan[k]:6.2f} {got[k]:9.2f} {plan[k] / got[k]:10.2f}" for k in got]
+    ray_total = rows[0].get(f"{M.RAY_MEMORY_PREFIX}total_pss_gb")
+    if ray_total is not None:
+        lines.append(f"  Ray's daemons (not in the total): {ray_total:.2f} GiB PSS")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tools.memory_table", description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", help="run directories with metrics.jsonl")
+    args = p.parse_args(argv)
+    for d in args.run_dirs:
+        try:
+            print(table(d))
+        except (OSError, KeyError, ValueError) as err:
+            print(f"error: {d}: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
