@@ -9,10 +9,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from common.tiny_model import finish_generation_config
-
 # Fallback only: SmolLM2-Instruct's GGUF normally carries its own ChatML template.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -44,7 +40,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 
 # Q4_1/Q8_0 dequantisation yields scale*q+min in fp32 with ~16 significant bits; bf16 keeps 8,
 # so saving in bf16 would alter ~82% of the weights (max abs diff 0.0137). Keep float32.
-_EMBEDDED_SAVE_DTYPE = torch.float32
+_EMBEDDED_SAVE_DTYPE = "float32"
 
 
 def find_gguf(name: str) -> Path | None:
@@ -96,6 +92,8 @@ def convert_gguf(name: str, gguf: Path, out: Path) -> None:
         )
         _make_plain(model, model_info)
         _finish_tokenizer(tokenizer, model_info.eos_token, CHATML_TEMPLATE)
+        from common.tiny_model import finish_generation_config
+
         finish_generation_config(model, tokenizer)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)

@@ -27,15 +27,12 @@ import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from common.embedded import EMBEDDED_MODELS, convert_gguf, find_gguf
-from common.tiny_model import (
-    build_tiny_model,
-    build_tiny_tokenizer,
-    save_tiny_model,
-)
+
+if TYPE_CHECKING:
+    import torch
 
 try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
     import fcntl
@@ -46,14 +43,11 @@ __all__ = [
     "EMBEDDED_MODELS",
     "TINY_MODEL_NAME",
     "ModelNotFoundError",
-    "build_tiny_model",
-    "build_tiny_tokenizer",
     "cache_dir",
     "cpu_supports_bf16",
     "load_model",
     "load_tokenizer",
     "resolve_model",
-    "save_tiny_model",
 ]
 
 # Bump when the recipe of a cached entry changes, so stale caches are rebuilt.
@@ -61,6 +55,17 @@ _CACHE_FORMAT = 1
 _MARKER = ".homerl-complete"
 
 TINY_MODEL_NAME = "tiny-random-llama"
+_TINY_EXPORTS = ("build_tiny_model", "build_tiny_tokenizer", "save_tiny_model")
+
+
+def __getattr__(name: str):
+    """The tiny-model builders, imported on first use: they need torch, and resolving a model
+    name (the driver does) must not import it."""
+    if name in _TINY_EXPORTS:
+        from common import tiny_model
+
+        return getattr(tiny_model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ModelNotFoundError(ValueError):
@@ -148,11 +153,17 @@ def resolve_model(name_or_path: str) -> str:
     if key in EMBEDDED_MODELS:
         return str(_resolve_embedded(key))
     if key == TINY_MODEL_NAME:
-        return str(_materialize(TINY_MODEL_NAME, save_tiny_model))
+        return str(_materialize(TINY_MODEL_NAME, _save_tiny_model))
     path = Path(name).expanduser()
     if path.exists() or _looks_like_path(name):
         return str(_resolve_local(name, path))
     return _resolve_hub(name)
+
+
+def _save_tiny_model(path):
+    from common.tiny_model import save_tiny_model  # torch: only when the entry is built
+
+    return save_tiny_model(path)
 
 
 def _looks_like_path(name: str) -> bool:
@@ -286,8 +297,9 @@ def load_tokenizer(name_or_path: str):
     return tokenizer
 
 
-def load_model(name_or_path: str, dtype: torch.dtype | str = torch.float32):
+def load_model(name_or_path: str, dtype: torch.dtype | str = "float32"):
     """Load a causal LM for a model name, in ``dtype`` and eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     if isinstance(dtype, str):
@@ -344,6 +356,8 @@ def _greedy_reply(name: str, prompt: str, max_new_tokens: int = 48) -> str:
         [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
     )
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    import torch
+
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -68,14 +68,31 @@ KNOWN = {
 }
 
 
+def _config(name: str):
+    """The model's config as an attribute object: config.json read directly when the model is
+    a local directory (no transformers import, so the driver stays light), else AutoConfig."""
+    import json
+    import os
+    from types import SimpleNamespace
+
+    from common.models import resolve_model
+
+    path = resolve_model(name)
+    file = os.path.join(path, "config.json")
+    if os.path.isfile(file):
+        with open(file) as f:
+            raw = json.load(f)
+        if "num_hidden_layers" in raw:  # a plain decoder config, not a nested multimodal one
+            return SimpleNamespace(**raw)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
 def model_shapes(name: str) -> Shapes:
     """Shapes from the model's config (local, cached or hub), else the built-in table."""
     try:
-        from transformers import AutoConfig
-
-        from common.models import resolve_model
-
-        c = AutoConfig.from_pretrained(resolve_model(name))
+        c = _config(name)
         heads = c.num_attention_heads
         return Shapes(layers=c.num_hidden_layers, hidden=c.hidden_size,
                       intermediate=c.intermediate_size, heads=heads,

@@ -17,7 +17,6 @@ import random
 from dataclasses import fields
 
 import numpy as np
-import torch
 
 from common.types import RolloutBatch, TrainBatch
 
@@ -29,12 +28,22 @@ class CheckpointError(ValueError):
 
 
 def save_state(directory: str, name: str, tensors: dict, meta: dict) -> None:
-    """Write `name.safetensors` (tensors: name -> torch tensor or numpy array) and `name.json`."""
-    from safetensors.torch import save_file
+    """Write `name.safetensors` (tensors: name -> torch tensor or numpy array) and `name.json`.
 
-    data = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)))
-            .detach().cpu().contiguous() for k, v in tensors.items()}  # np.array: a writable copy
-    save_file(data, os.path.join(directory, f"{name}.safetensors"))
+    All-numpy states (the driver's) are written without importing torch; the file is the same.
+    """
+    path = os.path.join(directory, f"{name}.safetensors")
+    if all(isinstance(v, np.ndarray) for v in tensors.values()):
+        from safetensors.numpy import save_file
+
+        data = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    else:
+        import torch
+        from safetensors.torch import save_file
+
+        data = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)))
+                .detach().cpu().contiguous() for k, v in tensors.items()}  # a writable copy
+    save_file(data, path)
     with open(os.path.join(directory, f"{name}.json"), "w") as f:
         json.dump({"format": FORMAT, "tensors": sorted(data), "meta": meta}, f)
 
@@ -47,7 +56,7 @@ def check_state(directory: str, name: str) -> dict:
     head = _read_head(directory, name)
     path = os.path.join(directory, f"{name}.safetensors")
     try:
-        with safe_open(path, "pt") as f:
+        with safe_open(path, "np") as f:
             keys = set(f.keys())
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
         raise CheckpointError(f"{path}: damaged or missing ({type(e).__name__})") from None
@@ -64,9 +73,13 @@ def check_state(directory: str, name: str) -> dict:
     return head.get("meta", {})
 
 
-def load_state(directory: str, name: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, meta) of `save_state`; a CheckpointError for anything else."""
-    from safetensors.torch import load_file
+def load_state(directory: str, name: str, numpy: bool = False) -> tuple[dict, dict]:
+    """(tensors, meta) of `save_state`, torch tensors (numpy arrays with `numpy`, which
+    imports no torch); a CheckpointError for anything else."""
+    if numpy:
+        from safetensors.numpy import load_file
+    else:
+        from safetensors.torch import load_file
 
     head = _read_head(directory, name)
     path = os.path.join(directory, f"{name}.safetensors")
@@ -121,6 +134,8 @@ def unpack_rows(tensors: dict, prefix: str) -> list[np.ndarray]:
 # ---- RNG and optimizer -----------------------------------------------------------------------
 def rng_state() -> tuple[dict, dict]:
     """(tensors, meta) of the torch, numpy and Python RNG states of this process."""
+    import torch
+
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return ({"rng.torch": torch.get_rng_state(), "rng.numpy": np.asarray(keys, dtype=np.int64)},
@@ -129,6 +144,8 @@ def rng_state() -> tuple[dict, dict]:
 
 
 def set_rng_state(tensors: dict, meta: dict) -> None:
+    import torch
+
     torch.set_rng_state(tensors["rng.torch"])
     kind, pos, has_gauss, gauss = meta["numpy"]
     np.random.set_state((kind, np.asarray(tensors["rng.numpy"]).astype(np.uint32), pos,
@@ -139,6 +156,8 @@ def set_rng_state(tensors: dict, meta: dict) -> None:
 
 def optimizer_state(state_dict: dict, prefix: str = "opt") -> tuple[dict, dict]:
     """A torch optimizer's state_dict as (tensors, meta): tensors by `prefix.<param>.<key>`."""
+    import torch
+
     tensors, scalars = {}, {}
     for idx, entry in state_dict["state"].items():
         for key, value in entry.items():
@@ -166,8 +185,6 @@ def optimizer_state_dict(tensors: dict, meta: dict, prefix: str = "opt") -> dict
 _RAGGED = {"prompt_ids": np.int64, "completion_ids": np.int64, "logprobs": np.float32,
            "entropy": np.float32}
 _ARRAYS = ("correct", "format_score", "rewards")
-
-
 _MEASURED = ("memory", "verifier_memory")
 """RolloutBatch fields that describe the worker when it ran, not the rollouts: not saved"""
 

@@ -10,7 +10,7 @@ Figures are PSS (common/memory.py): pages shared between processes (libtorch, a 
 processes map) count once in total. Per process (bytes):
 
 * runtime: Python + torch + transformers + peft + Ray imported, no model (RUNTIME, measured on
-  this project's pinned versions); the driver holds only its imports (DRIVER_RUNTIME); each
+  this project's pinned versions); the driver imports no torch (DRIVER_RUNTIME); each
   worker's verifier process VERIFIER.
 * base weights W = params x bytes(model.dtype). When the stored file already has that dtype
   the learner and the HF workers map it and share its pages (W / sharers each); otherwise
@@ -38,19 +38,20 @@ from common.shapes import Shapes, kv_cache_bytes, model_shapes
 from launch.presets import PRESETS, get_preset
 
 GiB = 2**30
-RUNTIME = 0.37 * GiB
-"""PSS of a learner or rollout-worker process before its model (torch + transformers + Ray)"""
-DRIVER_RUNTIME = 0.33 * GiB
-"""PSS of the driver (it imports the actor classes, so torch and transformers)"""
+RUNTIME = 0.45 * GiB
+"""PSS of a learner or rollout-worker process before its model (torch + transformers + Ray;
+libtorch's pages are split among these processes only, the driver does not map them)"""
+DRIVER_RUNTIME = 0.21 * GiB
+"""PSS of the driver: Ray's core worker, numpy, the run's bookkeeping (no torch)"""
 VERIFIER = 0.08 * GiB
 """PSS of a worker's verifier process (a spawned interpreter with Ray's worker imports)"""
 VLLM_RUNTIME = 0.5 * GiB
 """extra PSS of vLLM's engine in a worker process, before weights and KV cache"""
-ACT_OVERHEAD = 4.0
+ACT_OVERHEAD = 3.5
 """learner activation bytes per token and layer, in units of one copy of a layer's working set
-(2 hidden + q + k + v + attention out + 3 intermediate values): measured 3.9-4.2 on cpu-demo
-(+0.55 GiB of peak for 160 more micro-batch tokens; the saved tensors, their gradients, LoRA
-inputs and the allocator's slack)"""
+(2 hidden + q + k + v + attention out + 3 intermediate values): 3.4-4.2 measured on cpu-demo
+(the step's peak above the resident model for micro-batches of 2, 4 and 8 sequences: the
+saved tensors, their gradients, LoRA inputs and the allocator's slack)"""
 PROMPT_TOKENS = {"arith": 70, "gsm8k": 200}
 """typical chat-formatted prompt length of each task (tokens)"""
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}

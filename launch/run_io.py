@@ -175,7 +175,7 @@ def check_checkpoint(ckpt: str) -> None:
 
 def load_driver_state(ckpt: str) -> DriverState:
     """The driver's state of a checkpoint; a CheckpointError (one line) if it is unreadable."""
-    tensors, meta = load_state(ckpt, DRIVER)
+    tensors, meta = load_state(ckpt, DRIVER, numpy=True)
     pending = {int(j): PendingStep(p["stage"], p["prompts"],
                                    [rollout_from_state(f"pending.{j}.{i}", tensors, m)
                                     for i, m in enumerate(p["shares"])])

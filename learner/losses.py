@@ -31,63 +31,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-# The one place the std convention lives: Bessel-corrected (unbiased, divide by G - 1),
-# i.e. torch's default and what TRL's GRPOTrainer uses.
-STD_CORRECTION = 1
-
-ADVANTAGE_SCALES = ("std", "none")
 AGGREGATION_MODES = ("token_mean", "token_mean_all", "seq_mean", "dr_grpo")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; allowed values: {allowed}")
-
-
-def _all_equal_rows(rewards: Tensor) -> Tensor:
-    """(B, G) -> (B,) bool: True where every reward in the row equals the first one."""
-    return (rewards == rewards[:, :1]).all(dim=1)
-
-
-# --------------------------------------------------------------------------- advantages
-
-
-def group_advantages(rewards: Tensor, scale: str = "std", eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages.
-
-    rewards (B, G) -> advantages (B, G), one scalar per completion.
-
-    GRPO (Shao et al. 2024), scale="std":   A_i = (r_i - mean(r)) / (std(r) + eps)
-    Dr. GRPO (Liu et al. 2025), scale="none": A_i =  r_i - mean(r)
-    std is the unbiased estimate (see STD_CORRECTION). Rows whose rewards are all equal
-    carry no learning signal and get exactly 0 (also avoids a NaN std when G == 1).
-    """
-    _check_choice("scale", scale, ADVANTAGE_SCALES)
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be 2-D (B, G), got shape {tuple(rewards.shape)}")
-    if not rewards.is_floating_point():
-        rewards = rewards.float()
-
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
-    if scale == "std" and rewards.shape[1] > 1:  # G == 1: std undefined, row is flat anyway
-        std = rewards.std(dim=1, keepdim=True, correction=STD_CORRECTION)
-        centered = centered / (std + eps)
-    # mean() of identical floats can round away from the value itself; force exact zeros.
-    flat = _all_equal_rows(rewards).unsqueeze(1)
-    return torch.where(flat, torch.zeros_like(centered), centered)
-
-
-def zero_std_fraction(rewards: Tensor) -> float:
-    """Fraction of groups with no reward variance. rewards (B, G) -> float in [0, 1].
-
-    These groups yield zero advantage, hence zero policy gradient (DAPO's
-    "dynamic sampling" filters them out); a useful health metric.
-    """
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be 2-D (B, G), got shape {tuple(rewards.shape)}")
-    if rewards.shape[0] == 0:
-        return 0.0
-    return _all_equal_rows(rewards).float().mean().item()
 
 
 # --------------------------------------------------------------------------- policy loss
