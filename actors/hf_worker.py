@@ -30,6 +30,7 @@ from actors.sampling import (
 )
 from actors.weights import WeightApplier, check_version
 from common.device import actor_device
+from common.memory import release_free_memory
 from common.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
@@ -104,6 +105,7 @@ class HFRolloutWorker(RolloutWorker):
         """
         check_version(self.name, update, version, self.version, rollback)
         self.weights.apply(update)
+        release_free_memory()  # the update's temporaries go back to the OS, not the heap
         self.version = version
         return version
 

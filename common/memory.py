@@ -122,17 +122,24 @@ def ray_row() -> dict[str, float]:
 
 
 def ray_daemons() -> dict[str, Footprint]:
-    """{name: Footprint} of this machine's Ray daemons (GCS, raylet, dashboard, agents...)."""
+    """{name: Footprint} of the Ray daemons (GCS, raylet, dashboard, agents...) of this
+    process's cluster: its descendants when it started the cluster itself (a local run; other
+    clusters on the machine are not counted), else every Ray daemon on this machine."""
+    mine = psutil.Process().children(recursive=True)
+    out = _daemons(mine)
+    return out or _daemons(psutil.process_iter())
+
+
+def _daemons(procs) -> dict[str, Footprint]:
     out: dict[str, Footprint] = {}
-    for proc in psutil.process_iter(["cmdline", "name"]):
+    for proc in procs:
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if "ray" not in cmd or proc.info["name"].startswith("ray::"):
+            cmd = " ".join(proc.cmdline() or [])
+            if "ray" not in cmd or proc.name().startswith("ray::") or proc.pid == os.getpid():
                 continue
             name = next((d for d in RAY_DAEMONS if d in cmd), None)
-            if name is None or proc.pid == os.getpid():
-                continue
-            out[name] = out.get(name, Footprint()) + footprint(proc.pid, children=False)
+            if name is not None:
+                out[name] = out.get(name, Footprint()) + footprint(proc.pid, children=False)
         except (psutil.Error, TypeError):
             continue
     return out

@@ -43,8 +43,8 @@ RUNTIME = 0.45 * GiB
 libtorch's pages are split among these processes only, the driver does not map them)"""
 DRIVER_RUNTIME = 0.21 * GiB
 """PSS of the driver: Ray's core worker, numpy, the run's bookkeeping (no torch)"""
-VERIFIER = 0.08 * GiB
-"""PSS of a worker's verifier process (a spawned interpreter with Ray's worker imports)"""
+VERIFIER = 0.05 * GiB
+"""PSS of a worker's verifier process (a spawned interpreter with the rewards package)"""
 VLLM_RUNTIME = 0.5 * GiB
 """extra PSS of vLLM's engine in a worker process, before weights and KV cache"""
 ACT_OVERHEAD = 3.5

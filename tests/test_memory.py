@@ -102,3 +102,15 @@ def test_memory_row_sums_the_roles_and_names_each_worker():
     assert row[f"{M.WORKER_MEMORY_PREFIX}rollout-1_rss_gb"] == 2.0
     assert row[f"{M.WORKER_MEMORY_PREFIX}rollout-0_peak_gb"] == 1.1
 
+
+
+def test_ray_daemons_of_the_cluster_this_process_started(ray_cluster):
+    from common.memory import ray_daemons, ray_row
+
+    daemons = ray_daemons()
+    assert {"raylet", "gcs_server"} <= set(daemons)
+    assert all(fp.pss_gb > 0 for fp in daemons.values())
+    row = ray_row()
+    assert row[f"{M.RAY_MEMORY_PREFIX}total_pss_gb"] == pytest.approx(
+        sum(fp.pss_gb for fp in daemons.values()), rel=0.2)
+    assert f"{M.RAY_MEMORY_PREFIX}raylet_rss_gb" in row

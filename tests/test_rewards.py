@@ -1,6 +1,7 @@
 """Tests for rewards.verifiers, rewards.sandbox and the rewards.verify CLI."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -379,3 +380,23 @@ def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
     assert format_gated(RewardConfig(format_if_correct=True), 500)  # always gated
     with pytest.raises(ConfigError, match="reward.format_gate_steps"):
         RewardConfig(format_gate_steps=-1)
+
+
+def test_the_verifier_process_does_not_reimport_the_callers_main_module(tmp_path):
+    # Under spawn a child re-runs the parent's __main__ module (in a Ray actor: Ray's worker
+    # script and its imports); the verifier needs none of it. The script below counts how many
+    # processes ran its top level.
+    marks = tmp_path / "marks"
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import os\n"
+        f"open({str(marks)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
+        "from rewards.sandbox import VerifierPool\n"
+        "if __name__ == '__main__':\n"
+        "    with VerifierPool() as pool:\n"
+        "        assert pool.score(['Answer: 4'], ['4'])[0].score == 1.0\n"
+        "        assert __file__  # restored after the start\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=120,
+                   env={**os.environ, "PYTHONPATH": root})
+    assert len(marks.read_text().split()) == 1
