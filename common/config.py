@@ -277,9 +277,12 @@ class RunConfig:
     """held-out problems scored by the demo's before/after evaluation"""
     wandb_project: str = ""
     """log to this wandb project (offline when no API key is set; empty: no wandb)"""
+    max_learner_restarts: int = 3
+    """learner deaths survived by restoring the last checkpoint; one more stops the run"""
 
     def __post_init__(self):
         _int("run.steps", self.steps, 1)
+        _int("run.max_learner_restarts", self.max_learner_restarts, 0, 1000)
         _int("run.seed", self.seed, 0, 2**31 - 1)
         _int("run.checkpoint_every", self.checkpoint_every, 0)
         _int("run.keep_checkpoints", self.keep_checkpoints, 1)

@@ -56,6 +56,8 @@ LEARNER_S = "time/learner_s"
 SYNC_S = "time/sync_s"
 CHECKPOINT_S = "time/checkpoint_s"
 RESTARTS = "faults/worker_restarts"
+LEARNER_RESTARTS = "faults/learner_restarts"
+"""learner deaths survived so far (each restored from the last checkpoint)"""
 # memory (common.memory): RSS counts shared pages (libtorch, mapped files) once per process,
 # PSS splits them among sharers, so PSS sums to what the machine spends; peak is the summed
 # per-process high-water RSS (VmHWM). Roles: driver, learner, workers (each with its children:

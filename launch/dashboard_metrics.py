@@ -1,8 +1,8 @@
 """Per-step metrics on the Ray dashboard (Metrics tab) and its Prometheus endpoint.
 
-The driver already builds one metrics row per step for metrics.jsonl; `record(row)` mirrors ten
-of its keys into `ray.util.metrics`, tagged with the run name, so a cluster's Grafana/Prometheus
-shows training next to Ray's own node and actor metrics:
+The driver already builds one metrics row per step for metrics.jsonl; `record(row)` mirrors
+thirteen of its keys into `ray.util.metrics`, tagged with the run name, so a cluster's
+Grafana/Prometheus shows training next to Ray's own node and actor metrics:
 
     homerl_reward_mean          gauge    reward/mean
     homerl_step_seconds         gauge    time/step_s
@@ -12,6 +12,8 @@ shows training next to Ray's own node and actor metrics:
     homerl_policy_staleness     gauge    policy/staleness
     homerl_policy_ratio_mean    gauge    policy/ratio_mean
     homerl_policy_clip_frac     gauge    policy/clip_frac
+    homerl_memory_pss_gb        gauge    memory/pss_gb (and _peak_: memory/peak_pss_gb)
+    homerl_learner_restarts     gauge    faults/learner_restarts
     homerl_worker_restarts      counter  faults/worker_restarts (exported as ..._total)
 
 Ray 2.60 exports them with a `ray_` prefix (`ray_homerl_reward_mean{run="..."}`).
@@ -36,6 +38,9 @@ GAUGES = {
     M.STALENESS: ("homerl_policy_staleness", "learner version - rollout version"),
     M.RATIO_MEAN: ("homerl_policy_ratio_mean", "mean importance ratio of trained tokens"),
     M.CLIP_FRAC: ("homerl_policy_clip_frac", "share of trained tokens clipped"),
+    M.PSS_GB: ("homerl_memory_pss_gb", "PSS of driver + learner + workers (GiB)"),
+    M.PEAK_PSS_GB: ("homerl_memory_peak_pss_gb", "estimated peak PSS of the run (GiB)"),
+    M.LEARNER_RESTARTS: ("homerl_learner_restarts", "learner deaths survived so far"),
 }
 """row key -> (metric name, description) of each gauge"""
 

@@ -91,7 +91,13 @@ class RunWriter:
             json.dump(data, f, indent=2)
         if self.wandb is not None:
             self.wandb.summary.update(data)
+        self.close()
+
+    def close(self) -> None:
+        """Finish the wandb run (idempotent)."""
+        if self.wandb is not None:
             self.wandb.finish()
+            self.wandb = None
 
     def metrics(self) -> list[dict]:
         return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))

@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 from tqdm import tqdm
 
 from common import metrics as M
@@ -52,6 +53,7 @@ from launch.placement import connect, make_placement, refuse_missing_gpu
 from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
 from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
+from launch.supervise import LearnerLostError, run_supervised
 from learner.advantages import group_advantages, zero_std_fraction
 from rewards import DatasetError
 from rewards.shaping import overlong_penalty
@@ -109,8 +111,10 @@ def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
 class Trainer:
     """Drives one run: owns the actors, the step loop and the run directory."""
 
-    def __init__(self, cfg: Config, run_dir: str, resume: bool = False):
+    def __init__(self, cfg: Config, run_dir: str, resume: bool = False,
+                 learner_restarts: int = 0):
         self.cfg, self.run_dir = cfg, run_dir
+        self.learner_restarts = learner_restarts  # learner deaths survived (run_supervised)
         refuse_missing_gpu(cfg)  # seconds, not the minutes a dataset or model load would take
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
         self.trained_stage = 0
@@ -266,7 +270,8 @@ class Trainer:
         row = {M.STEP: k, **summary.metrics(), **plan_stats, **learned.row(), **stage_stats,
                M.CURRICULUM_STAGE: slot.stage, M.ROLLOUT_S: summary.gen_time_s,
                M.ROLLOUT_WAIT_S: t_roll, M.LEARNER_S: t_learn, M.SYNC_S: t_sync,
-               M.RESTARTS: self.pool.restarts, **memory}
+               M.RESTARTS: self.pool.restarts, M.LEARNER_RESTARTS: self.learner_restarts,
+               **memory}
         if not self.ray_memory_logged:  # Ray's daemons: once, outside the run's totals
             row |= ray_row()
             self.ray_memory_logged = True
@@ -311,15 +316,24 @@ class Trainer:
             "correct_last_20pct": (float(np.mean([r[M.REWARD_CORRECT] for r in tail]))
                                    if rows else None),
             "worker_restarts": self.pool.restarts,
+            "learner_restarts": self.learner_restarts,
         }
         run_io.plot_curves(self.run_dir, rows)
         self.writer.summary(summary)
         return summary
 
+    def learner_alive(self, timeout_s: float = 30.0) -> bool:
+        try:
+            ray.get(self.learner.ping.remote(), timeout=timeout_s)
+            return True
+        except (RayActorError, GetTimeoutError):
+            return False
+
     def shutdown(self) -> None:
         self.pool.shutdown()
         kill_and_wait([self.learner])
         self.layout.remove()
+        self.writer.close()
 
 
 def _extra_args(parser) -> None:
@@ -352,13 +366,11 @@ def main(argv=None) -> int:
         print(f"launch.train: error: {e}", file=sys.stderr)
         return 2
     try:
-        summary = trainer.run()
-    except WeightSyncError as e:  # a fault that retries could not clear: stop, keep the run
+        summary = run_supervised(trainer)
+    except (WeightSyncError, LearnerLostError) as e:  # faults retries could not clear: stop
         print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
               file=sys.stderr)
         return 1
-    finally:
-        trainer.shutdown()
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")
     return 0

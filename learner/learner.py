@@ -10,6 +10,7 @@ A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray a
 from __future__ import annotations
 
 import collections
+import os
 import time
 
 import numpy as np
@@ -83,8 +84,9 @@ class Learner:
         return self.version
 
     def placement(self) -> dict:
-        """Where this learner runs: its device and what Ray assigned it (e.g. a GPU share)."""
-        return {"device": self.device, "resources": ray_placement()["resources"]}
+        """Where this learner runs: its device, what Ray assigned it (e.g. a GPU share), its pid."""
+        return {"device": self.device, "resources": ray_placement()["resources"],
+                "pid": os.getpid()}
 
     # ---- the GRPO step -------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, active: list[int]):

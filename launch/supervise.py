@@ -1,0 +1,46 @@
+"""Keep a run going when its learner dies: restore the last checkpoint and carry on.
+
+    summary = run_supervised(Trainer(cfg, run_dir))     # what launch.train's main() runs
+
+A dead learner (SIGKILL, out of memory, its node lost) shows as a failed call in the step
+loop; `Trainer.learner_alive` then confirms it. The run's actors are replaced by a Trainer
+resumed from the run directory, exactly as `launch.train --resume` would, so the steps after
+the checkpoint are redone and `metrics.jsonl` keeps one row per step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("homerl.train")
+
+
+class LearnerLostError(RuntimeError):
+    """The learner died more often than run.max_learner_restarts allows."""
+
+
+def run_supervised(trainer) -> dict:
+    """`trainer.run()`, surviving the learner's death: the run's actors are replaced and it
+    goes on from its last checkpoint (weights, optimizer, RNG, curriculum, the rollouts already
+    made for later steps), so steps after that checkpoint are redone and metrics.jsonl keeps
+    one row per step. Shuts down whichever trainer is current when it returns or raises."""
+    limit = trainer.cfg.run.max_learner_restarts
+    try:
+        while True:
+            try:
+                return trainer.run()
+            except Exception as err:
+                if trainer.learner_alive():
+                    raise
+                restarts = trainer.learner_restarts + 1
+                if restarts > limit:
+                    raise LearnerLostError(
+                        f"the learner died {restarts} times (run.max_learner_restarts={limit})"
+                    ) from err
+                log.warning("the learner died (%s); restoring the last checkpoint (restart %d "
+                            "of at most %d)", type(err).__name__, restarts, limit)
+                trainer.shutdown()
+                trainer = type(trainer)(trainer.cfg, trainer.run_dir, resume=True,
+                                        learner_restarts=restarts)
+    finally:
+        trainer.shutdown()
