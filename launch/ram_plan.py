@@ -38,10 +38,10 @@ from common.shapes import Shapes, kv_cache_bytes, model_shapes
 from launch.presets import PRESETS, get_preset
 
 GiB = 2**30
-RUNTIME = 0.45 * GiB
+RUNTIME = 0.5 * GiB
 """PSS of a learner or rollout-worker process before its model (torch + transformers + Ray;
 libtorch's pages are split among these processes only, the driver does not map them)"""
-DRIVER_RUNTIME = 0.21 * GiB
+DRIVER_RUNTIME = 0.25 * GiB
 """PSS of the driver: Ray's core worker, numpy, the run's bookkeeping (no torch)"""
 VERIFIER = 0.05 * GiB
 """PSS of a worker's verifier process (a spawned interpreter with the rewards package)"""

@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 
 from common.state_io import (
+    CheckpointError,
     check_state,
     load_state,
     rollout_from_state,
@@ -27,6 +29,8 @@ from common.state_io import (
     save_state,
 )
 from common.types import RolloutBatch
+
+log = logging.getLogger("homerl.train")
 
 CKPT_PREFIX = "ckpt-"
 DRIVER = "driver"
@@ -177,6 +181,25 @@ def check_checkpoint(ckpt: str) -> None:
     """Refuse an unreadable checkpoint in one line before any actor starts (headers only)."""
     for name in (DRIVER, "learner"):
         check_state(ckpt, name)
+
+
+def newest_readable(ckpts: list[str]) -> str | None:
+    """The newest of `ckpts` (oldest first) that `check_checkpoint` accepts. A damaged newer
+    one is skipped with a warning naming it; when none is readable, the newest one's
+    CheckpointError (one line). None for no checkpoints."""
+    first = None
+    for ckpt in reversed(ckpts):
+        try:
+            check_checkpoint(ckpt)
+        except CheckpointError as err:
+            first = first or err
+            continue
+        if first is not None:
+            log.warning("%s; resuming from the previous checkpoint, %s", first, ckpt)
+        return ckpt
+    if first is not None:
+        raise first
+    return None
 
 
 def load_driver_state(ckpt: str) -> DriverState:

@@ -120,9 +120,8 @@ class Trainer:
         self.trained_stage = 0
         self.tag = os.path.basename(os.path.normpath(run_dir))
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
-        ckpts = run_io.list_checkpoints(run_dir) if resume else []
-        if ckpts:
-            run_io.check_checkpoint(ckpts[-1])  # so does an unreadable checkpoint
+        # an unreadable checkpoint fails here too, unless an older one is readable
+        ckpt = run_io.newest_readable(run_io.list_checkpoints(run_dir)) if resume else None
         self.devices = connect(cfg)  # a GPU request that cannot be met fails here, in one line
         self.layout = make_placement(cfg, self.devices)
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
@@ -140,8 +139,8 @@ class Trainer:
         self.card_log = collections.deque(maxlen=64)  # (event, step) on a shared GPU
         if cfg.curriculum.sent:
             self._sent_orders()
-        if ckpts:
-            self._restore(ckpts[-1])
+        if ckpt:
+            self._restore(ckpt)
         self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
 
     def _restore(self, ckpt: str) -> None:

@@ -254,3 +254,30 @@ def test_a_learner_that_keeps_dying_stops_the_run_with_one_line(ray_cluster, tmp
     cfg.run.max_learner_restarts = 1
     with pytest.raises(LearnerLostError, match=r"died 2 times \(run.max_learner_restarts=1\)"):
         run_supervised(AlwaysKill(cfg, str(tmp_path)))
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(ray_cluster, tmp_path,
+                                                                    caplog):
+    cfg = tiny(steps=5)
+    cfg.run.checkpoint_every = 2
+    trainer = Trainer(cfg, str(tmp_path))
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
+        "ckpt-000002", "ckpt-000004"]
+    data = (tmp_path / "ckpt-000004" / "learner.safetensors").read_bytes()
+    (tmp_path / "ckpt-000004" / "learner.safetensors").write_bytes(data[: len(data) // 2])
+    cfg.run.steps = 6
+    with caplog.at_level("WARNING", logger="homerl.train"):
+        resumed = Trainer(cfg, str(tmp_path), resume=True)
+    try:
+        assert resumed.start == 2
+        resumed.run()
+    finally:
+        resumed.shutdown()
+    assert any("ckpt-000004" in r.message and "previous checkpoint" in r.message
+               and "ckpt-000002" in r.message for r in caplog.records)
+    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
