@@ -279,10 +279,17 @@ class RunConfig:
     """log to this wandb project (offline when no API key is set; empty: no wandb)"""
     max_learner_restarts: int = 3
     """learner deaths survived by restoring the last checkpoint; one more stops the run"""
+    learner_timeout_s: float = 1800.0
+    """a learner step still running after this long is a hung learner: killed and restored"""
+    checkpoint_fail_policy: str = "continue"
+    """a checkpoint that cannot be written (full disk, unwritable directory): continue (warn,
+    count, keep the previous one) or stop (exit with one line, checkpoints kept)"""
 
     def __post_init__(self):
         _int("run.steps", self.steps, 1)
         _int("run.max_learner_restarts", self.max_learner_restarts, 0, 1000)
+        _range("run.learner_timeout_s", self.learner_timeout_s, 0.0, lo_open=True)
+        _choice("run.checkpoint_fail_policy", self.checkpoint_fail_policy, ("continue", "stop"))
         _int("run.seed", self.seed, 0, 2**31 - 1)
         _int("run.checkpoint_every", self.checkpoint_every, 0)
         _int("run.keep_checkpoints", self.keep_checkpoints, 1)

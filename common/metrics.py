@@ -56,6 +56,8 @@ LEARNER_S = "time/learner_s"
 SYNC_S = "time/sync_s"
 CHECKPOINT_S = "time/checkpoint_s"
 RESTARTS = "faults/worker_restarts"
+CHECKPOINT_FAILURES = "faults/checkpoint_failures"
+"""checkpoints that could not be written (run.checkpoint_fail_policy=continue)"""
 LEARNER_RESTARTS = "faults/learner_restarts"
 """learner deaths survived so far (each restored from the last checkpoint)"""
 # memory (common.memory): RSS counts shared pages (libtorch, mapped files) once per process,

@@ -43,7 +43,12 @@ def save_state(directory: str, name: str, tensors: dict, meta: dict) -> None:
 
         data = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)))
                 .detach().cpu().contiguous() for k, v in tensors.items()}  # a writable copy
-    save_file(data, path)
+    try:
+        save_file(data, path)
+    except Exception as err:  # safetensors reports a failed write (full disk) as its own error
+        if "I/O error" in str(err):
+            raise OSError(f"{path}: {err}") from None
+        raise
     with open(os.path.join(directory, f"{name}.json"), "w") as f:
         json.dump({"format": FORMAT, "tensors": sorted(data), "meta": meta}, f)
 

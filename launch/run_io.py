@@ -133,17 +133,23 @@ def _init_wandb(cfg_dict: dict, run_dir: str, resume: bool):
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
+def checkpoint_tmp_path(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, f".tmp-{CKPT_PREFIX}{step:06d}-{os.getpid()}")
+
+
 def checkpoint_tmp(run_dir: str, step: int) -> str:
     """A fresh temp dir to fill; `commit_checkpoint` renames it into place."""
-    path = os.path.join(run_dir, f".tmp-{CKPT_PREFIX}{step:06d}-{os.getpid()}")
+    path = checkpoint_tmp_path(run_dir, step)
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     return path
 
 
 def commit_checkpoint(run_dir: str, tmp: str, step: int, state: DriverState, keep: int) -> str:
-    """Write the driver state last, rename atomically, then prune old checkpoints."""
+    """Write the driver state last, verify what was written (headers and sizes), rename
+    atomically, then prune old checkpoints. A failed write leaves the previous ones intact."""
     save_driver_state(tmp, state)
+    check_checkpoint(tmp)
     with open(os.path.join(tmp, "COMPLETE"), "w") as f:
         f.write(str(step))
     final = os.path.join(run_dir, f"{CKPT_PREFIX}{step:06d}")

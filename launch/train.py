@@ -30,6 +30,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 
@@ -54,36 +55,14 @@ from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wai
 from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
 from launch.supervise import LearnerLostError, run_supervised
-from learner.advantages import group_advantages, zero_std_fraction
+from learner.advantages import plan_step
 from rewards import DatasetError
-from rewards.shaping import overlong_penalty
 
 log = logging.getLogger("homerl.train")
 
 
-def plan_step(summary: RolloutSummary, cfg: Config) -> tuple[TrainPlan, dict]:
-    """Group-normalised advantages over each prompt's G completions, after the overlong rule.
-
-    reward.overlong: keep (a cut completion is scored like any other; it rarely holds the
-    asked final answer, so it usually earns 0), mask (its reward still counts in its group's
-    mean and std, but its tokens get no loss: DAPO's overlong filtering), soft_penalty (DAPO's
-    length shaping added to every reward, rewards/shaping.py).
-    """
-    g, rule = cfg.rollout.group_size, cfg.reward.overlong
-    cut = np.array([r == "length" for r in summary.finish_reasons], dtype=bool)       # (N,)
-    rewards_np = np.asarray(summary.rewards, dtype=np.float32)
-    stats = {}
-    if rule == "soft_penalty":
-        penalty = np.array([overlong_penalty(int(n), cfg.rollout.max_new_tokens,
-                                             cfg.reward.overlong_buffer)
-                            for n in summary.lengths], dtype=np.float32)
-        rewards_np = rewards_np + penalty
-        stats[M.REWARD_OVERLONG] = float(penalty.mean())
-    rewards = rewards_np.reshape(-1, g)                                            # (B, G)
-    adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).reshape(-1)        # (B*G,)
-    plan = TrainPlan(adv, keep=~cut if rule == "mask" else None,
-                     version=summary.version)
-    return plan, {M.ADV_ZERO_STD: zero_std_fraction(rewards), **stats}
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written and run.checkpoint_fail_policy is stop."""
 
 
 def rollout_worker_class(cfg: Config):
@@ -115,6 +94,7 @@ class Trainer:
                  learner_restarts: int = 0):
         self.cfg, self.run_dir = cfg, run_dir
         self.learner_restarts = learner_restarts  # learner deaths survived (run_supervised)
+        self.checkpoint_failures = 0
         refuse_missing_gpu(cfg)  # seconds, not the minutes a dataset or model load would take
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
         self.trained_stage = 0
@@ -258,7 +238,7 @@ class Trainer:
         plan, plan_stats = plan_step(summary, cfg)
         self._take_card("sleep", k)
         t1 = time.perf_counter()
-        learned: LearnerStep = ray.get(self.learner.train_step.remote(plan, *rollout.batches))
+        learned: LearnerStep = self._learner_step(plan, rollout.batches)
         t_learn = time.perf_counter() - t1
         self.learner_version = learned.version
         self.curriculum.observe(float(np.mean(summary.correct)))
@@ -278,6 +258,7 @@ class Trainer:
         if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
             row[M.SYNC_S] += self._fill(k + 1)
             row[M.CHECKPOINT_S] = self.checkpoint(k + 1)
+        row[M.CHECKPOINT_FAILURES] = self.checkpoint_failures
         row[M.STEP_S] = time.perf_counter() - t0
         self.writer.log(row)
         self.dash.record(row)
@@ -286,8 +267,26 @@ class Trainer:
         return row
 
     def checkpoint(self, step: int) -> float:
-        """Learner state + the rollouts already generated for later steps, atomically."""
+        """Learner state + the rollouts already generated for later steps, atomically. A write
+        that fails (full disk, unwritable directory) leaves the previous checkpoint intact and
+        follows run.checkpoint_fail_policy."""
         t0 = time.perf_counter()
+        try:
+            self._write_checkpoint(step)
+        except (OSError, CheckpointError, ray.exceptions.RayTaskError) as err:
+            cause = getattr(err, "cause", err)  # a RayTaskError carries the actor's exception
+            if not isinstance(cause, (OSError, CheckpointError)):
+                raise
+            shutil.rmtree(run_io.checkpoint_tmp_path(self.run_dir, step), ignore_errors=True)
+            self.checkpoint_failures += 1
+            msg = (f"checkpoint of step {step} not written ({type(cause).__name__}: "
+                   f"{str(cause).splitlines()[0]}); the previous one is kept")
+            if self.cfg.run.checkpoint_fail_policy == "stop":
+                raise CheckpointWriteError(msg) from None
+            log.warning("%s; going on (run.checkpoint_fail_policy=continue)", msg)
+        return time.perf_counter() - t0
+
+    def _write_checkpoint(self, step: int) -> None:
         tmp = run_io.checkpoint_tmp(self.run_dir, step)
         ray.get(self.learner.save.remote(tmp))
         pending = {}
@@ -299,7 +298,6 @@ class Trainer:
         state = run_io.DriverState(step, self.pool.restarts, self.curriculum.state_dict(),
                                    self.trained_stage, pending)
         run_io.commit_checkpoint(self.run_dir, tmp, step, state, self.cfg.run.keep_checkpoints)
-        return time.perf_counter() - t0
 
     def finish(self, wall_s: float) -> dict:
         self._take_card("wake", self.cfg.run.steps)
@@ -320,6 +318,18 @@ class Trainer:
         run_io.plot_curves(self.run_dir, rows)
         self.writer.summary(summary)
         return summary
+
+    def _learner_step(self, plan: TrainPlan, batches: list) -> LearnerStep:
+        """The learner's update; one that outlives run.learner_timeout_s is a hung learner:
+        it is killed, which run_supervised then treats like any learner death."""
+        ref = self.learner.train_step.remote(plan, *batches)
+        try:
+            return ray.get(ref, timeout=self.cfg.run.learner_timeout_s)
+        except GetTimeoutError:
+            log.warning("the learner's step took over run.learner_timeout_s=%gs: killing it",
+                        self.cfg.run.learner_timeout_s)
+            ray.kill(self.learner, no_restart=True)
+            raise
 
     def learner_alive(self, timeout_s: float = 30.0) -> bool:
         try:
@@ -366,7 +376,7 @@ def main(argv=None) -> int:
         return 2
     try:
         summary = run_supervised(trainer)
-    except (WeightSyncError, LearnerLostError) as e:  # faults retries could not clear: stop
+    except (WeightSyncError, LearnerLostError, CheckpointWriteError) as e:  # stop, keep the run
         print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
               file=sys.stderr)
         return 1

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from common import metrics as M
+from common.types import TrainPlan
+from rewards.shaping import overlong_penalty
+
 STD_CORRECTION = 1
 """The one place the std convention lives: Bessel-corrected (unbiased, divide by G - 1), as
 torch's default and TRL's GRPOTrainer."""
@@ -49,3 +53,29 @@ def zero_std_fraction(rewards) -> float:
     zero policy gradient (DAPO's "dynamic sampling" filters them out); a health metric."""
     r = _rows(rewards)
     return float(_all_equal_rows(r).mean()) if r.shape[0] else 0.0
+
+
+def plan_step(summary, cfg) -> tuple[TrainPlan, dict]:
+    """The driver's TrainPlan for a step's RolloutSummary (`common.types`) under `cfg`: group-
+    normalised advantages over each prompt's G completions, after the overlong rule.
+
+    reward.overlong: keep (a cut completion is scored like any other; it rarely holds the
+    asked final answer, so it usually earns 0), mask (its reward still counts in its group's
+    mean and std, but its tokens get no loss: DAPO's overlong filtering), soft_penalty (DAPO's
+    length shaping added to every reward, rewards/shaping.py).
+    """
+    g, rule = cfg.rollout.group_size, cfg.reward.overlong
+    cut = np.array([r == "length" for r in summary.finish_reasons], dtype=bool)       # (N,)
+    rewards_np = np.asarray(summary.rewards, dtype=np.float32)
+    stats = {}
+    if rule == "soft_penalty":
+        penalty = np.array([overlong_penalty(int(n), cfg.rollout.max_new_tokens,
+                                             cfg.reward.overlong_buffer)
+                            for n in summary.lengths], dtype=np.float32)
+        rewards_np = rewards_np + penalty
+        stats[M.REWARD_OVERLONG] = float(penalty.mean())
+    rewards = rewards_np.reshape(-1, g)                                            # (B, G)
+    adv = group_advantages(rewards, scale=cfg.grpo.adv_scale).reshape(-1)        # (B*G,)
+    plan = TrainPlan(adv, keep=~cut if rule == "mask" else None,
+                     version=summary.version)
+    return plan, {M.ADV_ZERO_STD: zero_std_fraction(rewards), **stats}

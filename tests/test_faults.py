@@ -281,3 +281,92 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(ray_cluster,
                and "ckpt-000002" in r.message for r in caplog.records)
     rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_hung_learner_step_is_killed_and_restored(ray_cluster, tmp_path):
+    from launch.supervise import run_supervised
+
+    class StopsLearner(Trainer):
+        """SIGSTOPs the learner's process as step 3's update starts (first life only)."""
+
+        def _learner_step(self, plan, batches):
+            if self.learner_version == 3 and self.learner_restarts == 0:
+                os.kill(ray.get(self.learner.placement.remote())["pid"], signal.SIGSTOP)
+            return super()._learner_step(plan, batches)
+
+    cfg = tiny(steps=5)
+    cfg.run.checkpoint_every, cfg.run.learner_timeout_s = 2, 5.0
+    summary = run_supervised(StopsLearner(cfg, str(tmp_path)))
+    assert summary["learner_restarts"] == 1
+    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(5))
+    assert [r["faults/learner_restarts"] for r in rows] == [0, 0, 1, 1, 1]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (a disk that can really fill up); skipped where mounting is not allowed."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+class FillsDisk(Trainer):
+    """Fills the run's disk (leaving 64 KiB) while it writes the checkpoint of step FULL_AT."""
+
+    FULL_AT = 2
+
+    def checkpoint(self, step):
+        if step != self.FULL_AT:
+            return super().checkpoint(step)
+        st = os.statvfs(self.run_dir)
+        filler = os.path.join(self.run_dir, "filler")
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (st.f_bavail * st.f_frsize - 64 * 1024))
+        try:
+            return super().checkpoint(step)
+        finally:
+            os.remove(filler)
+
+
+def test_a_full_disk_skips_one_checkpoint_and_keeps_the_run(ray_cluster, small_disk):
+    cfg = tiny(steps=5)
+    cfg.run.checkpoint_every = 2
+    trainer = FillsDisk(cfg, str(small_disk / "run"))
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.shutdown()
+    run = small_disk / "run"
+    rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
+    assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == ["ckpt-000004"]
+    assert not [p for p in os.listdir(run) if p.startswith(".tmp-")]  # no half-written dir
+
+
+def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpoint(
+        ray_cluster, small_disk):
+    from launch.train import CheckpointWriteError
+
+    class FullAt4(FillsDisk):
+        FULL_AT = 4
+
+    cfg = tiny(steps=6)
+    cfg.run.checkpoint_every, cfg.run.checkpoint_fail_policy = 2, "stop"
+    trainer = FullAt4(cfg, str(small_disk / "run"))
+    try:
+        with pytest.raises(CheckpointWriteError, match=r"checkpoint of step 4 not written "
+                                                       r"\(OSError: .*No space left") as err:
+            trainer.run()
+    finally:
+        trainer.shutdown()
+    assert "\n" not in str(err.value)
+    run = str(small_disk / "run")
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
+    run_io.check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
