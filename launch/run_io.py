@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -78,10 +79,25 @@ class RunWriter:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 _truncate_jsonl(os.path.join(run_dir, name), resume_step)
         self.wandb = _init_wandb(cfg_dict, run_dir, resume_step is not None)
+        self.unwritten: list[dict] = []  # metrics rows a full disk refused
 
     def log(self, row: dict) -> None:
-        with open(os.path.join(self.dir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        """Append a metrics row. A row that cannot be written (full disk) is kept and written
+        with the next one that can, so no row is lost and none is half-written."""
+        self.unwritten.append(row)
+        path = os.path.join(self.dir, "metrics.jsonl")
+        text = "".join(json.dumps(r) + "\n" for r in self.unwritten)
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        try:
+            with open(path, "a") as f:
+                f.write(text)
+                f.flush()
+            self.unwritten.clear()
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.truncate(path, size)  # drop a partial line
+            log.warning("metrics.jsonl: %d row(s) not written yet (%s); kept for the next "
+                        "write", len(self.unwritten), err)
         if self.wandb is not None:
             self.wandb.log(row, step=row["step"])
 

@@ -370,3 +370,18 @@ def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpo
     run = str(small_disk / "run")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
     run_io.check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
+
+
+def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_disk):
+    writer = run_io.RunWriter(str(small_disk / "run"), tiny().to_dict())
+    writer.log({"step": 0, "x": 1.0})
+    st = os.statvfs(small_disk)
+    with open(small_disk / "filler", "wb") as f:  # fill the disk to the last block
+        f.write(b"\0" * (st.f_bavail * st.f_frsize))
+    pad = "x" * 8192  # more than the slack of the file's last block
+    writer.log({"step": 1, "pad": pad})
+    writer.log({"step": 2, "pad": pad})
+    assert [r["step"] for r in writer.metrics()] == [0]  # nothing half-written
+    os.remove(small_disk / "filler")
+    writer.log({"step": 3, "x": 4.0})
+    assert [r["step"] for r in writer.metrics()] == [0, 1, 2, 3]
