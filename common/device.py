@@ -17,6 +17,8 @@ GPU, else `cpu`); models are built there and nothing else in the code picks a de
 
 from __future__ import annotations
 
+import glob
+import os
 from dataclasses import dataclass
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -58,6 +60,17 @@ def plan_devices(choice: str, cluster_gpus: float, num_workers: int = 1) -> Devi
         raise DeviceError(f"model.device=cuda shares one card between the learner and one "
                           f"rollout worker; got rollout.num_workers={num_workers} (set it to 1)")
     return DevicePlan("cuda", GPU_SHARE, GPU_SHARE)
+
+
+def machine_gpus() -> int:
+    """NVIDIA GPUs this machine shows this process (its /dev/nvidiaN nodes, narrowed by
+    CUDA_VISIBLE_DEVICES), without importing torch: the driver asks, and it holds no model.
+    Inside an actor `local_gpus` is the answer that counts (torch may be a CPU build)."""
+    nodes = len(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return nodes
+    return min(nodes, len([v for v in visible.split(",") if v.strip() not in ("", "-1")]))
 
 
 def local_gpus() -> int:

@@ -23,7 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from common.config import Config, ConfigError
-from common.device import DeviceError, DevicePlan, card_gb, local_gpus, plan_devices
+from common.device import DeviceError, DevicePlan, card_gb, machine_gpus, plan_devices
 
 log = logging.getLogger("homerl.placement")
 
@@ -125,9 +125,8 @@ def connect(cfg: Config) -> DevicePlan:
     Trainer does, before it loads any data), so a GPU config on a machine without one fails in
     seconds, before Ray starts."""
     r = cfg.rollout
-    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and (
-            cfg.model.device == "cpu" or (cfg.model.device == "auto" and not local_gpus())):
-        check_ram(cfg)  # a local CPU run: every process on this machine
+    if local_cpu_run(cfg):
+        check_ram(cfg)  # every process of the run is on this machine
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
@@ -139,6 +138,12 @@ def connect(cfg: Config) -> DevicePlan:
     if devices.shared_card:
         check_shared_card(cfg)
     return devices
+
+
+def local_cpu_run(cfg: Config) -> bool:
+    """A run that starts its own Ray cluster on this machine and trains on its CPU."""
+    return (not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and (
+        cfg.model.device == "cpu" or (cfg.model.device == "auto" and not machine_gpus())))
 
 
 def check_ram(cfg: Config) -> None:
@@ -154,7 +159,7 @@ def refuse_missing_gpu(cfg: Config) -> None:
     """A local run that asks for a GPU on a machine without one: one line, in seconds. (With a
     cluster named or already connected, `plan_devices` checks the cluster's GPUs instead.)"""
     if (cfg.model.device == "cuda" and not os.environ.get("RAY_ADDRESS")
-            and not ray.is_initialized() and not local_gpus()):
+            and not ray.is_initialized() and not machine_gpus()):
         raise DeviceError(f"{cfg.preset}: model.device=cuda but this machine has no CUDA GPU; "
                           "run a CPU preset (cpu-demo) or pass --model.device cpu")
 
@@ -168,7 +173,7 @@ def check_shared_card(cfg: Config) -> None:
                           f"engine share one GPU (they take turns on it); got "
                           f"{cfg.rollout.max_staleness}")
     gpu_gb = cfg.model.gpu_memory_gb or (
-        card_gb() if local_gpus() else 0.0)
+        card_gb() if machine_gpus() else 0.0)
     if not gpu_gb:
         log.warning("the driver sees no GPU to size the plan by: pass --gpu-memory-gb N")
         return

@@ -190,9 +190,10 @@ def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> str:
 
 def check(cfg: Config, available_gb: float) -> None:
     """Raise ConfigError (one line) when a CPU config's plan exceeds `available_gb`."""
-    _, fits, _ = report(cfg, available_gb)
+    s = model_shapes(cfg.model.name)  # once: it reads the model's config
+    _, fits, _ = report(cfg, available_gb, s)
     if not fits:
-        raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb)}")
+        raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb, s)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,9 +34,25 @@ def test_a_role_builds_the_real_object_and_forwards_calls():
 
 
 def test_the_driver_imports_no_torch_transformers_or_vllm():
-    code = ("import sys, launch.train; "
+    # importing the driver, and what it does before Ray starts: refuse a missing GPU, plan RAM
+    code = ("import sys, launch.train; from launch.presets import get_preset; "
+            "from launch.placement import check_ram, local_cpu_run, refuse_missing_gpu; "
+            "cfg = get_preset('cpu-demo'); refuse_missing_gpu(cfg); "
+            "assert local_cpu_run(cfg); check_ram(cfg); "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'vllm') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip().splitlines()[-1]
     assert out == "[]"
+
+
+def test_machine_gpus_counts_device_nodes_narrowed_by_cuda_visible_devices(monkeypatch):
+    from common import device
+
+    monkeypatch.setattr(device.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidia1"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert device.machine_gpus() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert device.machine_gpus() == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert device.machine_gpus() == 0
