@@ -39,6 +39,14 @@ def tiny(steps=5, **rollout):
     return cfg
 
 
+def run_to_end(trainer):
+    """trainer.run(), then its actors shut down whatever happened."""
+    try:
+        return trainer.run()
+    finally:
+        trainer.shutdown()
+
+
 def run_with_fault(cfg, run_dir, fault_at: int | None, sig=signal.SIGKILL):
     """Run all steps; before step `fault_at`, send `sig` to the rollout worker's process."""
     trainer = Trainer(cfg, str(run_dir))
@@ -131,11 +139,7 @@ def test_prompts_refused_and_counted():
 def test_half_written_checkpoints_are_never_resumed(ray_cluster, tmp_path):
     cfg = tiny(steps=4)
     cfg.run.checkpoint_every = 2
-    trainer = Trainer(cfg, str(tmp_path))
-    try:
-        trainer.run()
-    finally:
-        trainer.shutdown()
+    run_to_end(Trainer(cfg, str(tmp_path)))
     # A crash mid-write leaves a temp dir, or (a crash between rename and marker on a
     # filesystem without atomic rename) a ckpt dir without COMPLETE: both must be ignored.
     os.makedirs(tmp_path / ".tmp-ckpt-000004-999")
@@ -260,11 +264,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(ray_cluster,
                                                                     caplog):
     cfg = tiny(steps=5)
     cfg.run.checkpoint_every = 2
-    trainer = Trainer(cfg, str(tmp_path))
-    try:
-        trainer.run()
-    finally:
-        trainer.shutdown()
+    run_to_end(Trainer(cfg, str(tmp_path)))
     assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
         "ckpt-000002", "ckpt-000004"]
     data = (tmp_path / "ckpt-000004" / "learner.safetensors").read_bytes()
@@ -337,11 +337,7 @@ class FillsDisk(Trainer):
 def test_a_full_disk_skips_one_checkpoint_and_keeps_the_run(ray_cluster, small_disk):
     cfg = tiny(steps=5)
     cfg.run.checkpoint_every = 2
-    trainer = FillsDisk(cfg, str(small_disk / "run"))
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.shutdown()
+    summary = run_to_end(FillsDisk(cfg, str(small_disk / "run")))
     run = small_disk / "run"
     rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
@@ -359,13 +355,9 @@ def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpo
 
     cfg = tiny(steps=6)
     cfg.run.checkpoint_every, cfg.run.checkpoint_fail_policy = 2, "stop"
-    trainer = FullAt4(cfg, str(small_disk / "run"))
-    try:
-        with pytest.raises(CheckpointWriteError, match=r"checkpoint of step 4 not written "
-                                                       r"\(OSError: .*No space left") as err:
-            trainer.run()
-    finally:
-        trainer.shutdown()
+    with pytest.raises(CheckpointWriteError, match=r"checkpoint of step 4 not written "
+                                                   r"\(OSError: .*No space left") as err:
+        run_to_end(FullAt4(cfg, str(small_disk / "run")))
     assert "\n" not in str(err.value)
     run = str(small_disk / "run")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
