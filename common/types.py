@@ -184,10 +184,13 @@ class RolloutSummary:
             M.REWARD_MEAN: float(np.mean(self.rewards)) if len(self.rewards) else 0.0,
             M.REWARD_CORRECT: float(np.mean(self.correct)) if len(self.correct) else 0.0,
             M.REWARD_FORMAT: float(np.mean(self.format_score)) if len(self.rewards) else 0.0,
+            M.REWARD_STRICT: (float(np.mean(np.asarray(self.correct) * (np.asarray(
+                self.format_score) == 1.0))) if len(self.correct) else 0.0),
             M.ROLLOUT_LEN: float(np.mean(self.lengths)) if len(self.lengths) else 0.0,
             M.ROLLOUT_STOP_FRAC: sum(r == "stop" for r in self.finish_reasons) / n,
             M.ROLLOUT_TRUNCATED: sum(r == "length" for r in self.finish_reasons),
             M.ROLLOUT_TOKENS: self.num_tokens,
+            M.ROLLOUT_COMPLETIONS: len(self.lengths),
             M.ROLLOUT_TOKENS_PER_S: self.num_tokens / max(self.gen_time_s, 1e-9),
             M.ROLLOUT_VERSION: self.version,
             M.ROLLOUT_SKIPPED: len(self.skipped),

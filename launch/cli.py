@@ -12,11 +12,14 @@ import ast
 import dataclasses
 import functools
 import inspect
+import json
+import os
 import sys
 import typing
 
 from common.config import Config, ConfigError
 from launch.presets import PRESETS, get_preset
+from launch.run_io import default_run_dir
 
 ALIASES = {
     "--steps": "run.steps",
@@ -123,3 +126,24 @@ def parse_config(argv=None, prog: str | None = None,
     except ConfigError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _extra_args(parser) -> None:
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue RUN_DIR from its last complete checkpoint")
+
+
+def resolve_run(argv=None) -> tuple[Config, str, bool]:
+    """Config and run dir from the CLI; with --resume the run's own config.json wins."""
+    cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
+    if args.resume is None:
+        return cfg, cfg.run.run_dir or default_run_dir(), False
+    path = os.path.join(args.resume, "config.json")
+    if not os.path.exists(path):
+        print(f"launch.train: error: --resume: {path} not found", file=sys.stderr)
+        raise SystemExit(2)
+    with open(path) as f:
+        saved = json.load(f)
+    if getattr(args, "run.steps") is not None:
+        saved["run"]["steps"] = cfg.run.steps
+    return Config.from_dict(saved), args.resume, True

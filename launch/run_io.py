@@ -9,6 +9,7 @@
                              learner.{safetensors,json} and driver.{safetensors,json}, plain
                              state (common/state_io.py), no pickle
     RUN_DIR/final/           a checkpoint transformers/peft can load
+    RUN_DIR/STOP             asks a running driver to checkpoint and stop after its current step
 """
 
 from __future__ import annotations
@@ -61,6 +62,25 @@ class DriverState:
     trained_stage: int
     """curriculum stage of the last trained step"""
     pending: dict[int, PendingStep] = field(default_factory=dict)
+
+
+STOP_FILE = "STOP"
+
+
+def request_stop(run_dir: str) -> None:
+    """Ask the run's driver to checkpoint and stop after the step it is on (`touch RUN_DIR/STOP`
+    does the same); `launch.train --resume RUN_DIR` goes on from there."""
+    with open(os.path.join(run_dir, STOP_FILE), "w") as f:
+        f.write(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+
+
+def stop_requested(run_dir: str) -> bool:
+    return os.path.exists(os.path.join(run_dir, STOP_FILE))
+
+
+def clear_stop(run_dir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(run_dir, STOP_FILE))
 
 
 def default_run_dir() -> str:

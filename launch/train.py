@@ -47,7 +47,7 @@ from common.models import ModelNotFoundError, resolve_model
 from common.state_io import CheckpointError
 from common.types import LearnerStep, RolloutSummary, TrainPlan
 from launch import run_io
-from launch.cli import parse_config
+from launch.cli import resolve_run
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
 from launch.placement import connect, make_placement, refuse_missing_gpu
@@ -59,6 +59,14 @@ from learner.advantages import plan_step
 from rewards import DatasetError
 
 log = logging.getLogger("homerl.train")
+
+
+class RunStopped(Exception):
+    """RUN_DIR/STOP asked the run to stop; it checkpointed the step it stopped at."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step} (RUN_DIR/STOP)")
+        self.step = step
 
 
 class CheckpointWriteError(RuntimeError):
@@ -122,6 +130,7 @@ class Trainer:
         if ckpt:
             self._restore(ckpt)
         self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
+        run_io.clear_stop(run_dir)  # starting or resuming is the user's word to run
 
     def _restore(self, ckpt: str) -> None:
         state = run_io.load_driver_state(ckpt)
@@ -218,7 +227,19 @@ class Trainer:
             row = self.step(k)
             bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.2f}", acc=f"{row[M.REWARD_CORRECT]:.2f}",
                             s_step=f"{row[M.STEP_S]:.1f}")
+            if k + 1 < cfg.run.steps and run_io.stop_requested(self.run_dir):
+                self.stop(k + 1)
         return self.finish(time.perf_counter() - t_start)
+
+    def stop(self, step: int) -> None:
+        """RUN_DIR/STOP: checkpoint `step` (unless the step loop just did) and raise RunStopped,
+        so `--resume` redoes nothing. The file is removed when the run starts again."""
+        every = self.cfg.run.checkpoint_every
+        if not (every and step % every == 0):
+            self._fill(step)  # as a scheduled checkpoint: the next rollouts are launched first
+            self.checkpoint(step)
+        self.writer.close()
+        raise RunStopped(step)
 
     def step(self, k: int) -> dict:
         """Launch what staleness allows (pushing the newest weights first) -> rollout k ->
@@ -345,27 +366,6 @@ class Trainer:
         self.writer.close()
 
 
-def _extra_args(parser) -> None:
-    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
-                        help="continue RUN_DIR from its last complete checkpoint")
-
-
-def resolve_run(argv=None) -> tuple[Config, str, bool]:
-    """Config and run dir from the CLI; with --resume the run's own config.json wins."""
-    cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
-    if args.resume is None:
-        return cfg, cfg.run.run_dir or run_io.default_run_dir(), False
-    path = os.path.join(args.resume, "config.json")
-    if not os.path.exists(path):
-        print(f"launch.train: error: --resume: {path} not found", file=sys.stderr)
-        raise SystemExit(2)
-    with open(path) as f:
-        saved = json.load(f)
-    if getattr(args, "run.steps") is not None:
-        saved["run"]["steps"] = cfg.run.steps
-    return Config.from_dict(saved), args.resume, True
-
-
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg, run_dir, resume = resolve_run(argv)
@@ -376,6 +376,9 @@ def main(argv=None) -> int:
         return 2
     try:
         summary = run_supervised(trainer)
+    except RunStopped as e:
+        print(f"launch.train: {e}; resume with --resume {run_dir}")
+        return 0
     except (WeightSyncError, LearnerLostError, CheckpointWriteError) as e:  # stop, keep the run
         print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
               file=sys.stderr)

@@ -56,3 +56,13 @@ def test_the_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "m.py"
     bad.write_text("def f():\n    from launch.train import Trainer\n    return Trainer\n")
     assert "launch" in imported(bad)
+
+
+OPTIONAL_UI = {"gradio", "playwright"}
+"""the web app's extras (pip install -e '.[app]'): only launch/app.py may import them"""
+
+
+@pytest.mark.parametrize("path", list(modules()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_app_imports_gradio(path):
+    if path.relative_to(ROOT).as_posix() != "launch/app.py":
+        assert not imported(path) & OPTIONAL_UI, f"{path.relative_to(ROOT)} imports the UI extra"
