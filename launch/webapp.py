@@ -122,12 +122,25 @@ def _new_run_dir(root: str, preset: str) -> str:
     return path
 
 
+def _command(argv: list[str], root: str) -> list[str]:
+    """`python -m launch.train argv`; under a dashboard RAY_ADDRESS (http://head:8265) the same
+    command as a Ray job (`ray job submit`, as README's "As a Ray job"), which this process
+    follows to its end."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address.startswith(("http://", "https://")):
+        return [sys.executable, "-m", "launch.train", *argv]
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    excludes = json.dumps({"excludes": [".venv", "runs", ".git"]})
+    return [ray_cli, "job", "submit", "--address", address, "--working-dir", root,
+            "--runtime-env-json", excludes, "--", "python", "-m", "launch.train", *argv]
+
+
 def _spawn(run_dir: str, argv: list[str]) -> str:
     """Start `launch.train argv` detached (own session: closing the page or stopping the app
     does not stop it), logging to RUN_DIR/app.log."""
-    cmd = [sys.executable, "-m", "launch.train", *argv]
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = _command(argv, root)
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with open(os.path.join(run_dir, "app.log"), "a") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -141,7 +154,7 @@ def _spawn(run_dir: str, argv: list[str]) -> str:
 def start_run(form: dict, root: str = "runs") -> str:
     """Validate the form and start the run; returns its directory. Raises FormError."""
     cfg = check_form(form)
-    run_dir = _new_run_dir(root, cfg.preset)
+    run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:  # the driver rewrites it
         json.dump(cfg.to_dict(), f, indent=2)  # in the run lists at once, before Ray starts
@@ -154,7 +167,7 @@ def resume_run(run_dir: str) -> str:
         raise FormError(f"{run_dir}: not a run directory (no config.json)")
     if run_status(run_dir).state == "running":
         raise FormError(f"{run_dir}: already running")
-    return _spawn(run_dir, ["--resume", run_dir])
+    return _spawn(run_dir, ["--resume", os.path.abspath(run_dir)])
 
 
 def stop_run(run_dir: str) -> str:

@@ -114,7 +114,7 @@ def verdict(completion: str, expected: str) -> str:
     fmt = "in the asked 'Answer: N' format" if r.format_score == 1.0 else "not in the asked format"
     parsed = f"parsed answer {r.parsed}" if r.parsed is not None else "no answer parsed"
     code = f", error code {r.error}" if r.error else ""
-    return f"{right}: {parsed}, {fmt}{code} (reward 1 for right, format scored apart)"
+    return f"{right}: {parsed}, {fmt}{code}"
 
 
 def try_model(model: str, prompt: str, greedy: bool = True, expected: str = "",

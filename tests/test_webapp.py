@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import RAY, submit
 
 from common import metrics as M
 from common.types import RolloutSummary
@@ -234,3 +235,27 @@ def test_a_presets_form_values_give_back_the_preset(preset):
     app = pytest.importorskip("launch.app", reason="gradio not installed (pip install -e '.[app]')")
     form = dict(zip(webapp.FORM_FLAGS, [preset, *app.preset_values(preset)]))
     assert webapp.form_config(form).to_dict() == get_preset(preset).to_dict()
+
+
+@pytest.mark.slow
+def test_under_a_dashboard_address_start_submits_a_ray_job(tmp_path, head_node, monkeypatch):
+    """RAY_ADDRESS=http://head:8265: Start submits launch.train as a Ray job and follows it."""
+    address, env = head_node
+    warm = submit([RAY, "job", "submit", "--address", address, "--", "python", "-c", "0"], env)
+    assert warm.returncode == 0, warm.stdout[-2000:]  # the head's job agent is up
+    for key in ("PATH", "RAY_AUTH_MODE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    run_dir = webapp.start_run({"preset": "tiny", "steps": 3}, str(tmp_path / "runs"))
+    try:
+        with open(os.path.join(run_dir, "app.json")) as f:
+            assert json.load(f)["command"][1:3] == ["job", "submit"]
+        _wait(lambda: webapp.run_status(run_dir).state != "running", 400, "the Ray job")
+        log = open(os.path.join(run_dir, "app.log")).read()
+        assert webapp.run_status(run_dir).state == "finished", log[-3000:]
+        assert "succeeded" in log
+        steps = [r[M.STEP] for r in run_io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
+        assert steps == [0, 1, 2]
+        assert webapp.dashboard_url() == address
+    finally:
+        webapp.kill_run(run_dir)
