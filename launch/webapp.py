@@ -165,8 +165,10 @@ def resume_run(run_dir: str) -> str:
     """`launch.train --resume RUN_DIR` from its last checkpoint. Raises FormError."""
     if not os.path.exists(os.path.join(run_dir, "config.json")):
         raise FormError(f"{run_dir}: not a run directory (no config.json)")
-    if run_status(run_dir).state == "running":
-        raise FormError(f"{run_dir}: already running")
+    state = run_status(run_dir).state
+    if state in ("running", "finished"):
+        raise FormError(f"{run_dir}: already {state}")
+    run_io.clear_stop(run_dir)
     return _spawn(run_dir, ["--resume", os.path.abspath(run_dir)])
 
 
@@ -226,6 +228,11 @@ def run_status(run_dir: str) -> RunStatus:
         return RunStatus("running", step, total, f"running{stopping}: step {step} of {total}")
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         return RunStatus("finished", step, total, f"finished: {step} steps")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if not info and os.path.exists(metrics) and time.time() - os.path.getmtime(metrics) < 120:
+        return RunStatus("running", step, total,
+                         f"running (started outside the app; last step < 2 min ago): step {step} "
+                         f"of {total}")
     resumable = "resumable" if run_io.list_checkpoints(run_dir) else "no checkpoint yet"
     if run_io.stop_requested(run_dir) or not info:  # stopped by the page, or run elsewhere
         return RunStatus("stopped", step, total, f"stopped at step {step} of {total}: {resumable}")

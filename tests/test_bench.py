@@ -14,7 +14,7 @@ from tools import bench
 pytest.importorskip("trl")
 
 SYSTEM = re.compile(r"(trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
-                    r"peak RSS (\S+) GB")
+                    r"peak footprint (\S+) GB, peak RSS (\S+) GB")
 TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8", "--engine", "hf"]
 
 
@@ -35,11 +35,15 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
     assert lines[0].startswith("machine: ") and "trl " in lines[0]
     assert lines[1].startswith("settings: ")
     assert "max_staleness=3, steps_per_call=2" in lines[1]  # the defaults, stated
-    matches = [SYSTEM.fullmatch(line) for line in lines[-3:-1]]
+    matches = [SYSTEM.fullmatch(line) for line in lines[-4:-2]]
     assert all(matches), lines
     assert [m.group(1) for m in matches] == ["trl", "ours"]
     for m in matches:
         assert all(float(v) > 0 for v in m.groups()[1:]), m.group(0)
+    memory = re.fullmatch(r"memory ours/TRL: (\S+) \(peak footprint\)", lines[-2])
+    assert memory, lines[-2]
+    fp = [float(m.group(5)) for m in matches]
+    assert float(memory.group(1)) == pytest.approx(fp[1] / fp[0], rel=0.02)
     last = re.fullmatch(r"ratio ours/TRL: (\S+)", lines[-1])
     assert last, lines[-1]
     ratio = float(last.group(1))

@@ -100,8 +100,11 @@ def test_curve_figure_and_latest_samples_read_the_run_directory(tmp_path):
 
 def test_run_status_from_the_directory_and_the_driver_process(tmp_path):
     run_dir = _run_dir(tmp_path, steps=5, rows=3)
-    status = webapp.run_status(run_dir)
-    assert (status.state, status.step, status.total) == ("stopped", 3, 5)
+    status = webapp.run_status(run_dir)  # a CLI run writing rows now: taken for running
+    assert (status.state, status.step, status.total) == ("running", 3, 5)
+    old = time.time() - 600
+    os.utime(os.path.join(run_dir, "metrics.jsonl"), (old, old))
+    assert webapp.run_status(run_dir).state == "stopped"
     # started by the app, its driver gone with a one-line error: failed, with that line
     with open(os.path.join(run_dir, "app.json"), "w") as f:
         json.dump({"pid": 2 ** 22 + 11, "command": []}, f)  # above pid_max: no such process
@@ -211,6 +214,8 @@ def test_start_stop_resume_a_real_run_keeps_one_row_per_step(tmp_path, own_ray, 
         _wait(lambda: webapp.run_status(run_dir).state != "running", 300, "the resumed run")
         final = webapp.run_status(run_dir)
         assert final.state == "finished", (final, webapp._last_line(f"{run_dir}/app.log"))
+        with pytest.raises(webapp.FormError, match="already finished"):
+            webapp.resume_run(run_dir)
         steps = [r[M.STEP] for r in run_io.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))]
         assert steps == list(range(40))
         assert not run_io.stop_requested(run_dir)

