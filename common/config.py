@@ -251,9 +251,13 @@ class CurriculumConfig:
     """SENT: completions M sampled per prompt (temperature 1) to estimate its answer entropy"""
     sent_pool: int = 64
     """SENT: training prompts per stage that are scored and ordered (then cycled)"""
+    replay: float = 0.0
+    """on-policy replay: expected fraction of each step's prompts drawn from earlier stages'
+    training prompts (generated fresh by the current policy); 0 = off"""
 
     def __post_init__(self):
         _choice("curriculum.task", self.task, ("arith", "gsm8k"))
+        _range("curriculum.replay", self.replay, 0.0, 1.0, hi_open=True)
         _choice("curriculum.level", self.level, (1, 2, 3))
         _int("curriculum.sent_samples", self.sent_samples, 2, 256)
         _int("curriculum.sent_pool", self.sent_pool, 1, 100_000)

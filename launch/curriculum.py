@@ -10,11 +10,17 @@ A stage spec is `task:level[:steps][@promote]`, comma-separated, e.g.
 With no stages the run has one stage made of `curriculum.task/level/data_path`. The stage of
 step j is decided when its rollout is launched, from the rewards observed so far, so it is the
 same in a resumed run. At a stage boundary the driver asks the learner to consolidate (EWC).
+
+`curriculum.replay` = r > 0 (on-policy replay against forgetting): from stage 2 on, each of a
+step's prompts is, with probability r, one an earlier stage trained on (stage and prompt drawn
+uniformly, seeded by run seed and step, so a resumed run draws the same), generated fresh by
+the current policy like any other prompt.
 """
 
 from __future__ import annotations
 
 import collections
+import random
 from dataclasses import dataclass
 
 from common.config import ConfigError
@@ -71,6 +77,7 @@ class Curriculum:
         self.tasks = [make_task(s.task, s.level, data, cfg.run.seed) for s in self.stages]
         self.orders: list[list[int] | None] = [None] * len(self.stages)  # SENT order per stage
         self.stage, self.stage_start = 0, 0
+        self.trained = [0] * len(self.stages)  # training prompts each stage has used
         self.recent = collections.deque(maxlen=PROMOTION_WINDOW)
 
     def observe(self, correct_rate: float) -> None:
@@ -96,15 +103,35 @@ class Curriculum:
         base = (step - self.stage_start) * b
         order = self.orders[self.stage]
         idx = [base + i for i in range(b)]
+        self.trained[self.stage] = max(self.trained[self.stage], base + b)
         if order is not None:  # SENT: walk the sorted pool, easy to hard, cycling
             idx = [order[i % len(order)] for i in idx]
-        return self.stage, [self.tasks[self.stage].train_sample(i) for i in idx]
+        prompts = [self.tasks[self.stage].train_sample(i) for i in idx]
+        return self.stage, self._replay(step, prompts)
+
+    def _replay(self, step: int, prompts: list[dict]) -> list[dict]:
+        """Swap each prompt, with probability curriculum.replay, for one an earlier stage
+        trained on (see the module docstring)."""
+        rate = self.cfg.curriculum.replay
+        earlier = [s for s in range(self.stage) if self.trained[s]]
+        if rate <= 0 or not earlier:
+            return prompts
+        rng = random.Random(f"replay-{self.cfg.run.seed}-{step}")
+        out = []
+        for p in prompts:
+            if rng.random() < rate:
+                s = rng.choice(earlier)
+                i, order = rng.randrange(self.trained[s]), self.orders[s]
+                p = self.tasks[s].train_sample(order[i % len(order)] if order else i)
+            out.append(p)
+        return out
 
     def state_dict(self) -> dict:
         return {"stage": self.stage, "stage_start": self.stage_start,
-                "recent": list(self.recent), "orders": self.orders}
+                "recent": list(self.recent), "orders": self.orders, "trained": self.trained}
 
     def load_state_dict(self, state: dict) -> None:
         self.stage, self.stage_start = state["stage"], state["stage_start"]
         self.recent = collections.deque(state["recent"], maxlen=PROMOTION_WINDOW)
         self.orders = state["orders"]
+        self.trained = state.get("trained", [0] * len(self.stages))  # older checkpoints: none

@@ -41,6 +41,29 @@ def test_stage_transitions_at_the_right_steps():
     assert got[2][1] == fresh.prompts(0)[1]
 
 
+def test_replay_mixes_earlier_stages_prompts_at_the_asked_rate_and_resumes_the_same():
+    cfg = cfg_with("arith:1:10,arith:2:200", 210)
+    cfg.rollout.prompts_per_step, cfg.curriculum.replay = 4, 0.25
+    cur = Curriculum(cfg)
+    got = [cur.prompts(k)[1] for k in range(210)]
+    assert all(p["level"] == 1 for step in got[:10] for p in step)  # nothing earlier to replay
+    stage1 = {p["question"] for step in got[:10] for p in step}
+    replayed = [p for step in got[10:] for p in step if p["level"] == 1]
+    share = len(replayed) / (200 * 4)
+    assert 0.20 < share < 0.30, share  # 800 Bernoulli(0.25) draws: 0.25 +- 3.5 sd
+    assert {p["question"] for p in replayed} <= stage1  # prompts stage 1 trained on
+    # a resumed curriculum (state after step 99) draws the same replay prompts after it
+    again = Curriculum(cfg)
+    for k in range(100):
+        again.prompts(k)
+    resumed = Curriculum(cfg)
+    resumed.load_state_dict(json.loads(json.dumps(again.state_dict())))
+    assert [resumed.prompts(k)[1] for k in range(100, 210)] == got[100:]
+    cfg.curriculum.replay = 0.0
+    plain = Curriculum(cfg)
+    assert all(p["level"] == 2 for k in range(210) for p in plain.prompts(k)[1] if k >= 10)
+
+
 def test_promotion_rule_advances_early():
     cur = Curriculum(cfg_with("arith:1:50@0.8,arith:2", 100))
     for k in range(PROMOTION_WINDOW):
