@@ -288,9 +288,13 @@ class RunConfig:
     checkpoint_fail_policy: str = "continue"
     """a checkpoint that cannot be written (full disk, unwritable directory): continue (warn,
     count, keep the previous one) or stop (exit with one line, checkpoints kept)"""
+    wait_for_capacity_s: float = 600.0
+    """after a lost node, how long the run waits for the cluster to host the lost learner or
+    worker again (seconds) before it stops with one line and a resumable checkpoint"""
 
     def __post_init__(self):
         _int("run.steps", self.steps, 1)
+        _range("run.wait_for_capacity_s", self.wait_for_capacity_s, 0.0)
         _int("run.max_learner_restarts", self.max_learner_restarts, 0, 1000)
         _range("run.learner_timeout_s", self.learner_timeout_s, 0.0, lo_open=True)
         _choice("run.checkpoint_fail_policy", self.checkpoint_fail_policy, ("continue", "stop"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import ray
@@ -26,6 +27,9 @@ from common.config import Config, ConfigError
 from common.device import DeviceError, DevicePlan, card_gb, machine_gpus, plan_devices
 
 log = logging.getLogger("homerl.placement")
+
+WAIT_NOTICE_S = 5.0
+"""a restored run says it is waiting for capacity once its layout has not fit for this long"""
 
 
 @dataclass
@@ -61,6 +65,25 @@ class Layout:
     def remove(self) -> None:
         ray.util.remove_placement_group(self.pg)
 
+    def await_bundles(self, wait_s: float, who: str) -> None:
+        """Return once every bundle has a node again. After a node is lost, Ray re-places its
+        bundles where there is room; with none, this waits up to `wait_s` (run.
+        wait_for_capacity_s), saying so once, then raises CapacityLostError."""
+        deadline, said = time.monotonic() + wait_s, False
+        while placement_group_table(self.pg).get("state") != "CREATED":
+            if time.monotonic() > deadline:
+                raise CapacityLostError(f"{who} lost its node and the cluster had no room for it "
+                                        f"within run.wait_for_capacity_s={wait_s:g}")
+            if not said:
+                log.warning("%s lost its node: waiting up to %gs (run.wait_for_capacity_s) for "
+                            "the cluster to host it again", who, wait_s)
+                said = True
+            time.sleep(1.0)
+
+
+class CapacityLostError(RuntimeError):
+    """A lost node's learner or worker found no room in the cluster in time."""
+
 
 def _nodes() -> list[dict]:
     """Total resources of each alive node."""
@@ -90,8 +113,10 @@ def _shortfall(cfg: Config, learner_gpus: float, nodes: list[dict]) -> str:
 
 
 def make_placement(cfg: Config, devices: DevicePlan | None = None,
-                   timeout_s: float = 60.0) -> Layout:
-    """Reserve the learner's and every worker's bundle; one-line ConfigError if it cannot fit.
+                   timeout_s: float = 60.0, wait_s: float = 0.0) -> Layout:
+    """Reserve the learner's and every worker's bundle; one-line ConfigError if it cannot fit
+    within `timeout_s`, or, with `wait_s` > 0 (a run restored after a lost node), a
+    CapacityLostError after waiting that long, with a message while it waits.
 
     `devices` (common/device.py) says what GPU share each role asks for (default: none).
     """
@@ -108,10 +133,16 @@ def make_placement(cfg: Config, devices: DevicePlan | None = None,
     gpus = learner_gpus + worker_gpus * r.num_workers
     strategy = _strategy(r.placement, sum(b["CPU"] for b in bundles), gpus, nodes)
     pg = placement_group(bundles, strategy=strategy)
-    if not pg.wait(timeout_seconds=timeout_s):
+    if not pg.wait(timeout_seconds=min(timeout_s, WAIT_NOTICE_S) if wait_s > 0 else timeout_s):
         msg = _shortfall(cfg, learner_gpus, nodes)
-        ray.util.remove_placement_group(pg)  # a pending group would grab resources later
-        raise ConfigError(msg)
+        if wait_s > 0:
+            log.warning("waiting up to %gs (run.wait_for_capacity_s) for the cluster to host "
+                        "the run again: %s", wait_s, msg)
+        if wait_s <= 0 or not pg.wait(timeout_seconds=wait_s):
+            ray.util.remove_placement_group(pg)  # a pending group would grab resources later
+            if wait_s > 0:
+                raise CapacityLostError(f"{msg}; waited run.wait_for_capacity_s={wait_s:g}")
+            raise ConfigError(msg)
     layout = Layout(pg, 0, list(range(1, len(bundles))), learner_gpus, strategy, worker_gpus)
     log.info("placement %s: bundle nodes %s", strategy,
              [n[:8] for n in layout.node_ids()])

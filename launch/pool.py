@@ -243,13 +243,32 @@ class WorkerPool:
         """
         i = share.worker
         if replace and share.actor is self.workers[i]:
-            self.replace(i)
-            self.push_refs[i] = []  # queued on the dead actor; the newest is re-applied below
-        self._load(i, share.version, START_TIMEOUT_S)  # includes a replacement's model load
+            self._replace_and_load(i, share.version)
+        else:
+            self._load(i, share.version, START_TIMEOUT_S)
         self._launch(share)
         self.push_refs[i].append((self.version, self.workers[i].set_weights.remote(
             self.payloads[self.version], self.version, True)))
         self.versions[i] = self.version
+
+    def _replace_and_load(self, i: int, version: int) -> None:
+        """Replace worker i and load `version` on the new one. A lost node is reported dead
+        some seconds after its worker stops answering, so the first replacement can land in
+        the bundle still assigned to it and die with it: then Ray re-places the bundle (waited
+        for, up to run.wait_for_capacity_s) and the worker is replaced again."""
+        for attempt in range(1, PUSH_TRIES + 1):
+            if self.layout is not None:
+                self.layout.await_bundles(self.cfg.run.wait_for_capacity_s, f"rollout worker {i}")
+            self.replace(i)
+            self.push_refs[i] = []  # queued on the dead actor; the newest is re-applied later
+            try:
+                self._load(i, version, START_TIMEOUT_S)  # includes the new worker's model load
+                return
+            except RayActorError as e:
+                if attempt == PUSH_TRIES:
+                    raise
+                log.warning("replacement of worker %d died too (%s); replacing it again",
+                            i, _reason(e))
 
     # ---- a shared GPU ----------------------------------------------------------------------
     def sleep(self) -> None:

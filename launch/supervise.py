@@ -41,6 +41,7 @@ def run_supervised(trainer) -> dict:
                             "of at most %d)", type(err).__name__, restarts, limit)
                 trainer.shutdown()
                 trainer = type(trainer)(trainer.cfg, trainer.run_dir, resume=True,
-                                        learner_restarts=restarts)
+                                        learner_restarts=restarts,
+                                        worker_restarts=trainer.pool.restarts)
     finally:
         trainer.shutdown()

@@ -50,7 +50,7 @@ from launch import run_io
 from launch.cli import resolve_run
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
-from launch.placement import connect, make_placement, refuse_missing_gpu
+from launch.placement import CapacityLostError, connect, make_placement, refuse_missing_gpu
 from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
 from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
@@ -99,7 +99,7 @@ class Trainer:
     """Drives one run: owns the actors, the step loop and the run directory."""
 
     def __init__(self, cfg: Config, run_dir: str, resume: bool = False,
-                 learner_restarts: int = 0):
+                 learner_restarts: int = 0, worker_restarts: int = 0):
         self.cfg, self.run_dir = cfg, run_dir
         self.learner_restarts = learner_restarts  # learner deaths survived (run_supervised)
         self.checkpoint_failures = 0
@@ -111,7 +111,9 @@ class Trainer:
         # an unreadable checkpoint fails here too, unless an older one is readable
         ckpt = run_io.newest_readable(run_io.list_checkpoints(run_dir)) if resume else None
         self.devices = connect(cfg)  # a GPU request that cannot be met fails here, in one line
-        self.layout = make_placement(cfg, self.devices)
+        # restored after a learner death (maybe a lost node): wait for room, saying so
+        self.layout = make_placement(cfg, self.devices, wait_s=(
+            cfg.run.wait_for_capacity_s if learner_restarts else 0.0))
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         self.learner = ray.remote(Learner).options(
             num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
@@ -129,6 +131,8 @@ class Trainer:
             self._sent_orders()
         if ckpt:
             self._restore(ckpt)
+        # a restore after a learner death keeps counting the worker restarts since the checkpoint
+        self.pool.restarts = max(self.pool.restarts, worker_restarts)
         self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
         run_io.clear_stop(run_dir)  # starting or resuming is the user's word to run
 
@@ -379,7 +383,8 @@ def main(argv=None) -> int:
     except RunStopped as e:
         print(f"launch.train: {e}; resume with --resume {run_dir}")
         return 0
-    except (WeightSyncError, LearnerLostError, CheckpointWriteError) as e:  # stop, keep the run
+    except (WeightSyncError, LearnerLostError, CheckpointWriteError,
+            CapacityLostError) as e:  # stop, keep the run
         print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
               file=sys.stderr)
         return 1

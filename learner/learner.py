@@ -84,9 +84,11 @@ class Learner:
         return self.version
 
     def placement(self) -> dict:
-        """Where this learner runs: its device, what Ray assigned it (e.g. a GPU share), its pid."""
-        return {"device": self.device, "resources": ray_placement()["resources"],
-                "pid": os.getpid()}
+        """Where this learner runs: its device, what Ray assigned it (e.g. a GPU share), its
+        node and pid."""
+        where = ray_placement()
+        return {"device": self.device, "resources": where["resources"],
+                "node_id": where["node_id"], "pid": os.getpid()}
 
     # ---- the GRPO step -------------------------------------------------------------------
     def _micro_batches(self, batch: TrainBatch, active: list[int]):
