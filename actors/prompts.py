@@ -10,7 +10,7 @@ import numpy as np
 from common.memory import Footprint, footprint
 from common.types import RolloutBatch
 from rewards import format_prompt
-from rewards.shaping import combine
+from rewards.shaping import combine, has_working
 
 
 def encode_prompts(tokenizer, prompts: list[dict], limit: int):
@@ -62,11 +62,14 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
                                     timeout_s=worker.cfg.rollout.reward_timeout_s)
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
+    bonus = fmt                    # (N,) what the format bonus pays for; metrics keep fmt
+    if worker.cfg.reward.format_needs_working:
+        bonus = fmt * np.array([has_working(t) for t in texts], dtype=np.float32)
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
         correct=correct, format_score=fmt,
-        rewards=combine(correct, fmt, worker.cfg.rollout.format_weight,
+        rewards=combine(correct, bonus, worker.cfg.rollout.format_weight,
                         format_gated(worker.cfg.reward, worker.version)),
         reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
         version=worker.version, num_prompts=len(prompts),

@@ -213,6 +213,9 @@ class RewardConfig:
     """the format bonus (rollout.format_weight) counts only for a right answer"""
     format_gate_steps: int = 0
     """the format bonus counts only for a right answer while the policy version is below this"""
+    format_needs_working: bool = False
+    """the format bonus counts only after working (a line with a number above the answer
+    line): a bare `Answer: N` guess earns nothing (rewards/shaping.py)"""
 
     def __post_init__(self):
         _int("reward.format_gate_steps", self.format_gate_steps, 0)

@@ -3,7 +3,9 @@
 The reward of a completion is correct + w * format_score. With `if_correct` the bonus counts
 only for a right answer: a policy can then no longer earn reward by writing the asked
 `Answer: N` line around a guess, which is how a seed of the embedded model once unlearned its
-working (completions fell from ~15 tokens of sums to `Answer: 8` in ten steps).
+working (completions fell from ~15 tokens of sums to `Answer: 8` in ten steps). With
+`reward.format_needs_working` the bonus counts only after working (`has_working`): the bare
+`Answer: N` line earns nothing, while the bonus still teaches the line from the first step.
 
 DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): with L_max = max_new_tokens and a
 buffer of L_cache tokens before it,
@@ -19,8 +21,18 @@ ones that finished just before the limit.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
+
+_DIGIT = re.compile(r"\d")
+
+
+def has_working(text: str) -> bool:
+    """Is there working before the final line: a non-empty line with a digit in it above the
+    last non-empty line? (`Answer: 7` alone has none; `3 + 4 = 7` then `Answer: 7` has.)"""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return any(_DIGIT.search(ln) for ln in lines[:-1])
 
 
 def combine(correct: np.ndarray, fmt: np.ndarray, weight: float,

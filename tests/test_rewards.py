@@ -8,7 +8,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from rewards import parsing, sandbox
@@ -339,47 +338,6 @@ def test_cli_missing_file_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-
-
-# --------------------------------------------------------------------------- overlong shaping
-
-
-def test_overlong_penalty_by_hand():
-    from rewards.shaping import overlong_penalty
-
-    # max 40 tokens, buffer 0.25 -> L_cache 10: no penalty up to 30, a ramp to -1 at 40
-    assert overlong_penalty(12, 40, 0.25) == 0.0
-    assert overlong_penalty(30, 40, 0.25) == 0.0
-    assert overlong_penalty(31, 40, 0.25) == pytest.approx(-0.1)
-    assert overlong_penalty(35, 40, 0.25) == pytest.approx(-0.5)
-    assert overlong_penalty(40, 40, 0.25) == pytest.approx(-1.0)
-    assert overlong_penalty(41, 40, 0.25) == -1.0
-    assert overlong_penalty(3, 4, 0.1) == 0.0 and overlong_penalty(4, 4, 0.1) == -1.0  # >= 1 token
-    with pytest.raises(ValueError, match="buffer_frac"):
-        overlong_penalty(3, 4, 0.0)
-
-
-def test_format_bonus_only_for_right_answers_by_hand():
-    from rewards.shaping import combine
-
-    correct = np.array([1.0, 1.0, 0.0, 0.0])
-    fmt = np.array([1.0, 0.5, 1.0, 0.0])
-    np.testing.assert_allclose(combine(correct, fmt, 0.5), [1.5, 1.25, 0.5, 0.0])
-    # gated: the formatted guess (row 2) earns nothing, right answers keep their bonus
-    np.testing.assert_allclose(combine(correct, fmt, 0.5, if_correct=True), [1.5, 1.25, 0.0, 0.0])
-
-
-def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
-    from actors.prompts import format_gated
-    from common.config import ConfigError, RewardConfig
-
-    gate = RewardConfig(format_gate_steps=50)
-    assert format_gated(gate, 0) and format_gated(gate, 49)
-    assert not format_gated(gate, 50) and not format_gated(gate, 200)
-    assert not format_gated(RewardConfig(), 0)                    # default: never gated
-    assert format_gated(RewardConfig(format_if_correct=True), 500)  # always gated
-    with pytest.raises(ConfigError, match="reward.format_gate_steps"):
-        RewardConfig(format_gate_steps=-1)
 
 
 def test_the_verifier_process_does_not_reimport_the_callers_main_module(tmp_path):

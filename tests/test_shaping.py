@@ -1,0 +1,92 @@
+"""Reward shaping (rewards/shaping.py) and how a rollout worker applies it (actors/prompts.py):
+the format bonus, its gates, the working requirement and the overlong penalty, on hand-made
+completions."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from actors.prompts import verified_batch
+from common.config import Config, RewardConfig
+from common.models import load_tokenizer
+from rewards.sandbox import VerifierPool
+from rewards.shaping import has_working
+
+
+def test_overlong_penalty_by_hand():
+    from rewards.shaping import overlong_penalty
+
+    # max 40 tokens, buffer 0.25 -> L_cache 10: no penalty up to 30, a ramp to -1 at 40
+    assert overlong_penalty(12, 40, 0.25) == 0.0
+    assert overlong_penalty(30, 40, 0.25) == 0.0
+    assert overlong_penalty(31, 40, 0.25) == pytest.approx(-0.1)
+    assert overlong_penalty(35, 40, 0.25) == pytest.approx(-0.5)
+    assert overlong_penalty(40, 40, 0.25) == pytest.approx(-1.0)
+    assert overlong_penalty(41, 40, 0.25) == -1.0
+    assert overlong_penalty(3, 4, 0.1) == 0.0 and overlong_penalty(4, 4, 0.1) == -1.0  # >= 1 token
+    with pytest.raises(ValueError, match="buffer_frac"):
+        overlong_penalty(3, 4, 0.0)
+
+
+def test_format_bonus_only_for_right_answers_by_hand():
+    from rewards.shaping import combine
+
+    correct = np.array([1.0, 1.0, 0.0, 0.0])
+    fmt = np.array([1.0, 0.5, 1.0, 0.0])
+    np.testing.assert_allclose(combine(correct, fmt, 0.5), [1.5, 1.25, 0.5, 0.0])
+    # gated: the formatted guess (row 2) earns nothing, right answers keep their bonus
+    np.testing.assert_allclose(combine(correct, fmt, 0.5, if_correct=True), [1.5, 1.25, 0.0, 0.0])
+
+
+def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
+    from actors.prompts import format_gated
+    from common.config import ConfigError, RewardConfig
+
+    gate = RewardConfig(format_gate_steps=50)
+    assert format_gated(gate, 0) and format_gated(gate, 49)
+    assert not format_gated(gate, 50) and not format_gated(gate, 200)
+    assert not format_gated(RewardConfig(), 0)                    # default: never gated
+    assert format_gated(RewardConfig(format_if_correct=True), 500)  # always gated
+    with pytest.raises(ConfigError, match="reward.format_gate_steps"):
+        RewardConfig(format_gate_steps=-1)
+
+
+@pytest.mark.parametrize("text, working", [
+    ("Answer: 7", False),                       # the bare guess the collapse learns
+    ("  \nAnswer: 7\n", False),
+    ("3 + 4 = 7\nAnswer: 7", True),
+    ("Mia has 3 + 2 = 5 coins\n\nAnswer: 5", True),
+    ("Let me think.\nAnswer: 7", False),        # words with no number are not working
+    ("7", False),
+    ("", False),
+])
+def test_has_working_by_hand(text, working):
+    assert has_working(text) is working
+
+
+def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama):
+    """verified_batch on hand-written completions, real tokenizer and verifier: with
+    reward.format_needs_working the bare `Answer: 7` earns nothing while the formatted answer
+    after working keeps its bonus; the format metric itself is unchanged."""
+    texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "Answer: 8", "3 + 4 = 7"]
+    tok = load_tokenizer(tiny_llama)
+    comps = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    n = len(texts)
+    sampled = (comps, [[0.0] * len(c) for c in comps], [[0.0] * len(c) for c in comps],
+               ["stop"] * n)
+    prompts = [{"question": "What is 3 + 4?", "answer": "7"}]
+
+    def rewards(needs_working: bool):
+        cfg = Config()
+        cfg.reward = RewardConfig(format_needs_working=needs_working)
+        with VerifierPool() as pool:
+            worker = SimpleNamespace(tokenizer=tok, verifier=pool, cfg=cfg, version=0, name="w")
+            batch = verified_batch(worker, prompts, [0], [[1, 2]], n, sampled, [], 0.0,
+                                   (None, None))
+        return batch
+
+    plain, gated = rewards(False), rewards(True)
+    np.testing.assert_allclose(plain.rewards, [1.5, 1.5, 0.5, 1.0])
+    np.testing.assert_allclose(gated.rewards, [1.5, 1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(gated.format_score, plain.format_score)  # metrics unchanged
