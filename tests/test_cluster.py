@@ -29,10 +29,11 @@ from launch.supervise import run_supervised
 from launch.train import Trainer
 
 
-@pytest.fixture
-def three_nodes(own_ray):
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
+def connected_cluster(head_cpus: int, nodes: int):
+    """A Cluster of a head with `head_cpus` and `nodes` more 1-CPU nodes, connected; yields it
+    and shuts it down."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
+    for _ in range(nodes):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address)
@@ -41,6 +42,11 @@ def three_nodes(own_ray):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture
+def three_nodes(own_ray):
+    yield from connected_cluster(head_cpus=1, nodes=2)
 
 
 def tiny_cfg(num_workers: int, steps: int = 3):
@@ -89,16 +95,7 @@ def test_tiny_run_spreads_over_nodes(three_nodes, tmp_path):
 def spare_nodes(own_ray):
     """A head that hosts no actor (0 CPUs: the driver stays on it) and three 1-CPU nodes for a
     learner + 1 worker layout: one node to spare."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(3):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address)
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    yield from connected_cluster(head_cpus=0, nodes=3)
 
 
 def join_node_later(address: str, delay_s: float, joined: list) -> None:
