@@ -322,13 +322,6 @@ def dashboard_url(timeout_s: float = 0.3) -> str | None:
     return None
 
 
-def stop_all() -> None:
-    """Ask every run this app started and is still running to stop (used by tests)."""
-    for run_dir, proc in list(_PROCS.items()):
-        if proc.poll() is None:
-            run_io.request_stop(run_dir)
-
-
 def kill_run(run_dir: str, timeout_s: float = 60.0) -> None:
     """SIGINT the driver's process group and wait (tests' cleanup; the page uses stop_run)."""
     proc = _PROCS.get(os.path.abspath(run_dir))

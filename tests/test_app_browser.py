@@ -13,13 +13,13 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from conftest import _free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 MISSING = [what for what, ok in (
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"no {', '.join(MISSING)}"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]  # this machine's network is closed: no calls out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
