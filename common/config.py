@@ -231,9 +231,12 @@ class EWCConfig:
     """online-EWC decay of the previous stages' Fisher"""
     fisher_batches: int = 4
     """batches of sampled completions used for the diagonal Fisher estimate"""
+    anchor_kl: float = 0.0
+    """weight of a k3 KL to the policy at the end of the previous stage (0 disables it)"""
 
     def __post_init__(self):
         _range("ewc.lam", self.lam, 0.0)
+        _range("ewc.anchor_kl", self.anchor_kl, 0.0)
         _range("ewc.gamma", self.gamma, 0.0, 1.0)
         _int("ewc.fisher_batches", self.fisher_batches, 1, 1000)
 

@@ -280,6 +280,7 @@ class LearnerStep:
     loss_policy: float = _metric(M.LOSS_POLICY)
     loss_kl: float = _metric(M.LOSS_KL)
     loss_ewc: float = _metric(M.LOSS_EWC)
+    loss_anchor_kl: float = _metric(M.LOSS_ANCHOR_KL)
     clip_frac: float = _metric(M.CLIP_FRAC)
     clip_frac_low: float = _metric(M.CLIP_FRAC_LOW)
     clip_frac_high: float = _metric(M.CLIP_FRAC_HIGH)

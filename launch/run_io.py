@@ -99,48 +99,70 @@ class RunWriter:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 _truncate_jsonl(os.path.join(run_dir, name), resume_step)
         self.wandb = _init_wandb(cfg_dict, run_dir, resume_step is not None)
-        self.unwritten: list[dict] = []  # metrics rows a full disk refused
+        self.metrics_file = _Appender(os.path.join(run_dir, "metrics.jsonl"))
+        self.samples_file = _Appender(os.path.join(run_dir, "samples.jsonl"))
+        self.wandb_error = ""  # why wandb was dropped mid-run, if it was
 
     def log(self, row: dict) -> None:
         """Append a metrics row. A row that cannot be written (full disk) is kept and written
         with the next one that can, so no row is lost and none is half-written."""
-        self.unwritten.append(row)
-        path = os.path.join(self.dir, "metrics.jsonl")
-        text = "".join(json.dumps(r) + "\n" for r in self.unwritten)
-        size = os.path.getsize(path) if os.path.exists(path) else 0
+        self.metrics_file.append([row])
+        self._to_wandb(lambda w: w.log(row, step=row["step"]))
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        """Append sample completions, kept and written later like metrics on a full disk."""
+        self.samples_file.append([{"step": step, **r} for r in rows])
+
+    def summary(self, data: dict) -> None:
+        with open(os.path.join(self.dir, "summary.json"), "w") as f:
+            json.dump(data, f, indent=2)
+        self._to_wandb(lambda w: w.summary.update(data))
+        self.close()
+
+    def close(self) -> None:
+        """Finish the wandb run (idempotent)."""
+        self._to_wandb(lambda w: w.finish())
+        self.wandb = None
+
+    def _to_wandb(self, call) -> None:
+        """wandb mirrors metrics.jsonl: if it fails (its service died, its disk is full) the
+        run goes on without it, with one warning, instead of ending."""
+        if self.wandb is None:
+            return
         try:
-            with open(path, "a") as f:
+            call(self.wandb)
+        except Exception as err:
+            self.wandb, self.wandb_error = None, f"{type(err).__name__}: {err}"
+            log.warning("wandb failed (%s); wandb is off for the rest of this run, "
+                        "metrics.jsonl keeps every row", self.wandb_error)
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))
+
+
+class _Appender:
+    """Appends JSON lines to one file; rows an OSError (full disk) refused are kept and written
+    before the next ones, and a partly written line is cut off, so a reader never sees half a
+    row and no row is lost while the process lives."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.unwritten: list[dict] = []
+
+    def append(self, rows: list[dict]) -> None:
+        self.unwritten.extend(rows)
+        text = "".join(json.dumps(r) + "\n" for r in self.unwritten)
+        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        try:
+            with open(self.path, "a") as f:
                 f.write(text)
                 f.flush()
             self.unwritten.clear()
         except OSError as err:
             with contextlib.suppress(OSError):
-                os.truncate(path, size)  # drop a partial line
-            log.warning("metrics.jsonl: %d row(s) not written yet (%s); kept for the next "
-                        "write", len(self.unwritten), err)
-        if self.wandb is not None:
-            self.wandb.log(row, step=row["step"])
-
-    def samples(self, step: int, rows: list[dict]) -> None:
-        with open(os.path.join(self.dir, "samples.jsonl"), "a") as f:
-            for r in rows:
-                f.write(json.dumps({"step": step, **r}) + "\n")
-
-    def summary(self, data: dict) -> None:
-        with open(os.path.join(self.dir, "summary.json"), "w") as f:
-            json.dump(data, f, indent=2)
-        if self.wandb is not None:
-            self.wandb.summary.update(data)
-        self.close()
-
-    def close(self) -> None:
-        """Finish the wandb run (idempotent)."""
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
-
-    def metrics(self) -> list[dict]:
-        return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))
+                os.truncate(self.path, size)  # drop a partial line
+            log.warning("%s: %d row(s) not written yet (%s); kept for the next write",
+                        os.path.basename(self.path), len(self.unwritten), err)
 
 
 def read_jsonl(path: str) -> list[dict]:

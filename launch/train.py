@@ -217,9 +217,10 @@ class Trainer:
         return slot
 
     def _enter_stage(self, stage: int) -> dict:
-        """Stage boundary: the learner consolidates (Fisher + anchor) on the last stage's
-        batches, which it kept, for EWC."""
-        out = ray.get(self.learner.consolidate.remote()) if self.cfg.ewc.lam > 0 else {}
+        """Stage boundary: the learner consolidates (anchor, and Fisher from the last stage's
+        batches, which it kept) for EWC and anchor-KL."""
+        ewc_on = self.cfg.ewc.lam > 0 or self.cfg.ewc.anchor_kl > 0
+        out = ray.get(self.learner.consolidate.remote()) if ewc_on else {}
         self.trained_stage = stage
         return out
 

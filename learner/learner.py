@@ -139,16 +139,24 @@ class Learner:
         sel = losses.entropy_topk_mask(entropy, mask, g.entropy_rho)            # (N, T)
         # Normalised over the whole step, so micro-batching leaves the loss unchanged.
         weights = losses.loss_weights(sel, mask, g.loss_agg, self.cfg.rollout.max_new_tokens)
-        # With beta == 0 a zero-advantage sequence has zero gradient: skip its forward pass.
-        active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or g.beta > 0)]
-        stats = losses.LossStats()
+        anchored = self.cfg.ewc.anchor_kl > 0 and bool(self.anchor)
+        # With no KL term a zero-advantage sequence has zero gradient: skip its forward pass.
+        kl_on = g.beta > 0 or anchored
+        active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or kl_on)]
+        stats, kl_anchor = losses.LossStats(), 0.0
         for idx in self._micro_batches(batch, active):
+            # before the forward that backward() needs: the anchor's swap writes the params
+            anchor = self._anchor_logp(batch, idx, sel) if anchored else None
             logp, _ = self._forward_selected(self.model, batch, idx, sel)
             ref = self._ref_logp(batch, idx, sel) if g.beta > 0 else None
             loss, part = losses.grpo_loss(logp, old_logp[idx], adv[idx], weights[idx],
                                           eps_low=g.eps_low, eps_high=g.eps_high,
                                           dual_clip_c=self.cfg.dual_clip_c(), ref_logp=ref,
                                           beta=g.beta)
+            if anchor is not None:
+                kl = losses.anchor_kl(logp, anchor, weights[idx])
+                loss = loss + self.cfg.ewc.anchor_kl * kl
+                kl_anchor += float(kl.detach())
             loss.backward()
             stats = stats + part
         if not active:  # nothing trains: still measure learner vs behaviour log-probs
@@ -162,6 +170,7 @@ class Learner:
         m, mem = stats.metrics(), footprint()
         return LearnerStep(
             loss_policy=m[M.LOSS_POLICY], loss_kl=m[M.LOSS_KL], loss_ewc=ewc_loss,
+            loss_anchor_kl=kl_anchor,
             clip_frac=m[M.CLIP_FRAC], clip_frac_low=m[M.CLIP_FRAC_LOW],
             clip_frac_high=m[M.CLIP_FRAC_HIGH], dual_clip_frac=m[M.DUAL_CLIP_FRAC],
             ratio_mean=m[M.RATIO_MEAN], approx_kl=m[M.APPROX_KL], logp_diff=m[M.LOGP_DIFF],
@@ -190,6 +199,20 @@ class Learner:
             else:
                 with reference_logprobs_context(self.model):  # LoRA: the base is the reference
                     logp, _ = self._forward_selected(self.model, batch, idx, sel)
+        return logp
+
+    @torch.no_grad()
+    def _anchor_logp(self, batch, idx, sel):
+        """Log-probs under the anchor (the policy at the end of the previous stage): the
+        trainable tensors hold their anchor values for one forward, then their own again."""
+        saved = {n: p.detach().clone() for n, p in self.params.items()}
+        try:
+            for n, p in self.params.items():
+                p.copy_(self.anchor[n])
+            logp, _ = self._forward_selected(self.model, batch, idx, sel)
+        finally:
+            for n, p in self.params.items():
+                p.copy_(saved[n])
         return logp
 
     def _ewc_backward(self) -> float:
@@ -227,6 +250,8 @@ class Learner:
         used = list(self.recent) if batches is None else batches[: self.cfg.ewc.fisher_batches]
         if batches is None:
             self.recent.clear()
+        if self.cfg.ewc.lam == 0 and self.cfg.ewc.anchor_kl > 0:
+            used = []  # anchor-KL alone needs the anchor, not the Fisher
         count = sum(len(b.completion_ids) for b in used)
         for batch in used:
             T = max(len(c) for c in batch.completion_ids)
@@ -238,7 +263,8 @@ class Learner:
                     if p.grad is not None:
                         new[n] += p.grad.detach() ** 2 / count
                 self.opt.zero_grad(set_to_none=True)
-        self.fisher = ewc.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
+        if used:
+            self.fisher = ewc.online_fisher(self.fisher or None, new, self.cfg.ewc.gamma)
         self.anchor = {n: p.detach().clone() for n, p in self.params.items()}
         total = sum(float(f.sum()) for f in self.fisher.values())
         return {M.EWC_FISHER_SUM: total, M.CONSOLIDATE_S: time.perf_counter() - t0}
@@ -264,7 +290,8 @@ class Learner:
             tensors.update(t)
             recent.append(m)
         meta.update(version=self.version, opt=opt_meta, recent=recent,
-                    fisher=sorted(self.fisher), params=sorted(self.params))
+                    fisher=sorted(self.fisher), anchor=sorted(self.anchor),
+                    params=sorted(self.params))
         save_state(path, CKPT, tensors, meta)
 
     def load(self, path: str) -> int:
@@ -281,7 +308,7 @@ class Learner:
         self.opt.load_state_dict(optimizer_state_dict(tensors, meta["opt"]))
         self.version = meta["version"]
         self.fisher = {n: tensors[f"fisher.{n}"] for n in meta["fisher"]}
-        self.anchor = {n: tensors[f"anchor.{n}"] for n in meta["fisher"]}
+        self.anchor = {n: tensors[f"anchor.{n}"] for n in meta.get("anchor", meta["fisher"])}
         self.recent.clear()
         self.recent.extend(train_batch_from_state(f"recent.{i}", tensors, m)
                            for i, m in enumerate(meta["recent"]))

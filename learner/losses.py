@@ -173,6 +173,21 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def anchor_kl(logp: Tensor, anchor_logp: Tensor, weights: Tensor) -> Tensor:
+    """KL (k3) of the policy to an anchor policy on the sampled tokens, weighted like the loss.
+
+        KL_anchor = sum_{i,t} w_it k3(logp_it, anchor_it)
+
+    The anchor is the policy at the end of the previous curriculum stage (continual learning:
+    stay close to what was learned, on the current stage's samples). logp, anchor_logp,
+    weights: (N, T); unselected positions (w == 0) may hold garbage and get zero gradient.
+    """
+    sel = weights != 0
+    logp = torch.where(sel, logp, torch.zeros_like(logp))
+    anchor = torch.where(sel, anchor_logp.detach(), torch.zeros_like(logp))
+    return aggregate(kl_k3(logp, anchor), weights)
+
+
 # --------------------------------------------------------------------------- token selection
 
 

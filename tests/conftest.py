@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import ray
@@ -112,6 +113,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class HeadNode(NamedTuple):
+    address: str
+    """the dashboard's http:// address (what `ray job submit --address` takes)"""
+    env: dict
+    """the environment for `ray job` commands against it"""
+    session: int
+    """the session id of every process of this cluster (raylet, GCS, actors)"""
+
+
 @pytest.fixture
 def head_node(tmp_path, own_ray):
     """A `ray start --head` cluster of its own (the shared test cluster is shut down first: two
@@ -137,11 +147,11 @@ def head_node(tmp_path, own_ray):
     address = f"http://127.0.0.1:{dash}"
     try:
         wait_for_dashboard(address, env, head)
-        yield address, env
+        yield HeadNode(address, env, head.pid)
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
+        try:  # `ray start --block` rarely exits on SIGTERM alone: don't wait long for it
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=30)

@@ -1,28 +1,82 @@
 """The README's cluster path: `ray start --head`, then `ray job submit ... python -m launch.train`.
 
 Starts a real head node on 127.0.0.1 with its own ports, submits the tiny preset, waits for the
-job to succeed and checks its run directory. The cluster is stopped at the end.
+job to succeed and checks its run directory; a second job has its learner SIGKILLed mid-run and
+must still finish every step once. The cluster is stopped at the end.
 """
 
 import json
+import os
 import shutil
+import signal
+import threading
+import time
 
 import pytest
 from conftest import RAY, REPO, submit  # head_node: conftest's fixture
 
+from common import metrics as M
+from launch import run_io
+
+
+def job_cmd(address: str, run_dir, *flags: str) -> list[str]:
+    return [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO),
+            "--runtime-env-json", json.dumps({"excludes": [".venv", "runs", ".git"]}),
+            "--", "python", "-m", "launch.train", "--preset", "tiny", "--run-dir", str(run_dir),
+            *flags]
+
 
 @pytest.mark.slow
 def test_job_submit_runs_tiny_preset(head_node, tmp_path):
-    address, env = head_node
     run_dir = tmp_path / "job-run"
-    cmd = [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO),
-           "--runtime-env-json", json.dumps({"excludes": [".venv", "runs", ".git"]}),
-           "--", "python", "-m", "launch.train", "--preset", "tiny", "--steps", "3",
-           "--run-dir", str(run_dir)]
-    proc = submit(cmd, env)
+    proc = submit(job_cmd(head_node.address, run_dir, "--steps", "3"), head_node.env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert (run_dir / "final" / "adapter_config.json").exists()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def learner_pids(session: int) -> list[int]:
+    """PIDs of `ray::Learner` actor processes of the cluster whose processes share `session`."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                title = f.read()
+            if title.startswith(b"ray::Learner") and os.getsid(int(name)) == session:
+                pids.append(int(name))
+        except (ValueError, OSError):  # not a process, or it ended while we looked
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_job_submit_survives_a_killed_learner(head_node, tmp_path):
+    """SIGKILL the learner of a submitted job once 30 steps are logged (after the step-20
+    checkpoint): the job still succeeds with every step logged once and the restart counted."""
+    run_dir, steps = tmp_path / "job-kill", 300
+    cmd = job_cmd(head_node.address, run_dir, "--steps", str(steps),
+                  "--run.checkpoint_every", "20")
+    done: dict = {}
+    job = threading.Thread(target=lambda: done.update(proc=submit(cmd, head_node.env)))
+    job.start()
+    killed, deadline = None, time.monotonic() + 400
+    while killed is None and job.is_alive() and time.monotonic() < deadline:
+        logged = os.path.exists(run_dir / "metrics.jsonl") and (
+            run_dir / "metrics.jsonl").read_bytes().count(b"\n") >= 30
+        pids = learner_pids(head_node.session) if logged else []
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            killed = pids[0]
+        time.sleep(0.05)
+    job.join(timeout=600)
+    proc = done["proc"]
+    assert killed is not None, "the job ended before its learner could be killed"
+    assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:]
+    rows = run_io.read_jsonl(str(run_dir / "metrics.jsonl"))
+    assert [r[M.STEP] for r in rows] == list(range(steps))  # each step once, none lost
+    assert rows[-1][M.LEARNER_RESTARTS] == 1
+    assert "the learner died" in proc.stdout  # the job log says what happened
     shutil.rmtree(run_dir, ignore_errors=True)

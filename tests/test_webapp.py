@@ -245,7 +245,7 @@ def test_a_presets_form_values_give_back_the_preset(preset):
 @pytest.mark.slow
 def test_under_a_dashboard_address_start_submits_a_ray_job(tmp_path, head_node, monkeypatch):
     """RAY_ADDRESS=http://head:8265: Start submits launch.train as a Ray job and follows it."""
-    address, env = head_node
+    address, env, _ = head_node
     warm = submit([RAY, "job", "submit", "--address", address, "--", "python", "-c", "0"], env)
     assert warm.returncode == 0, warm.stdout[-2000:]  # the head's job agent is up
     for key in ("PATH", "RAY_AUTH_MODE"):

@@ -1,12 +1,16 @@
 """Soak test (`make soak`, not in CI): the tiny preset for a long time, killing a worker often.
 
     python -m tools.soak --minutes 30 --kill-every 180
-    python -m tools.soak --minutes 2 --kill-every 30        # a quick check
+    python -m tools.soak --minutes 4 --kill-every 30 --warmup 60     # a quick check
 
 Every `--kill-every` seconds a rollout worker's process gets SIGKILL (by PID, from this
 process), at a random moment inside the next step (a timer thread), so kills land mid-rollout,
-mid-sync or mid-learner-step, not only between steps. At the end it prints steps completed,
-restarts observed, and RSS growth (driver + learner + workers, first vs last 10% of steps).
+mid-sync or mid-learner-step, not only between steps. Every `--sample-every` seconds it keeps
+one sample of each role's RSS (from the step's `memory/*` metrics: driver, learner, rollout
+workers with their children, the verifier pool); it keeps samples, not rows, so its own
+bookkeeping does not grow with the step count. At the end it prints steps, kills and restarts,
+and per role the RSS at the start (mean over the minute before `--warmup` ends) and at the end
+(mean over the last minute), and exits 1 if any role grew by more than `--max-growth`.
 """
 
 from __future__ import annotations
@@ -21,52 +25,91 @@ import tempfile
 import threading
 import time
 
-import numpy as np
-
 from common import metrics as M
 from launch.presets import get_preset
 from launch.train import Trainer
 
+ROLES = {"driver": M.DRIVER_RSS_GB, "learner": M.LEARNER_RSS_GB,
+         "workers": M.WORKERS_RSS_GB, "verifier": M.VERIFIER_RSS_GB, "total": M.RSS_GB}
+WINDOW_S = 60.0  # the start and end figures are means over this long
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="tools.soak", description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=30.0, help="how long to run")
-    p.add_argument("--kill-every", type=float, default=180.0, help="seconds between kills")
-    p.add_argument("--workers", type=int, default=1, help="rollout workers")
-    p.add_argument("--run-dir", default=None, help="run directory (default: a temp dir)")
-    args = p.parse_args(argv)
+    args = _parser().parse_args(argv)
+    if args.minutes * 60 < args.warmup + 2 * WINDOW_S:
+        sys.exit(f"tools.soak: error: --minutes {args.minutes} leaves no end window after "
+                 f"--warmup {args.warmup:g}s; allowed: minutes*60 >= warmup + {2 * WINDOW_S:g}")
     cfg = get_preset("tiny")
     cfg.run.steps = 10**7  # bounded by --minutes instead
     cfg.run.checkpoint_every = 50
     cfg.rollout.num_workers = args.workers
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="homerl-soak-")
     trainer = Trainer(cfg, run_dir)
+    samples, steps, kills, restarts = _soak(trainer, args)
+    report = {"minutes": args.minutes, "steps": steps, "kills": kills, "restarts": restarts,
+              "warmup_s": args.warmup, "samples": len(samples), "run_dir": run_dir,
+              "rss_gb": _growth(samples, args.warmup)}
+    print(json.dumps(report, indent=2))
+    print(f"{'role':<10}{'start GB':>10}{'end GB':>10}{'growth':>9}")
+    for role, g in report["rss_gb"].items():
+        print(f"{role:<10}{g['start']:>10.4f}{g['end']:>10.4f}{g['growth_pct']:>8.2f}%")
+    worst = max(report["rss_gb"].items(), key=lambda kv: kv[1]["growth_pct"])
+    ok_restarts = restarts >= kills
+    ok_memory = worst[1]["growth_pct"] <= args.max_growth
+    print(f"{steps} steps, {kills} kills, {restarts} restarts; largest growth: {worst[0]} "
+          f"{worst[1]['growth_pct']:+.2f}% (limit {args.max_growth:g}%): "
+          f"{'PASS' if ok_restarts and ok_memory else 'FAIL'}")
+    return 0 if ok_restarts and ok_memory else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tools.soak", description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=30.0, help="how long to run")
+    p.add_argument("--kill-every", type=float, default=180.0, help="seconds between kills")
+    p.add_argument("--warmup", type=float, default=150.0,
+                   help="seconds before the start figure is taken (before the first kill)")
+    p.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples")
+    p.add_argument("--max-growth", type=float, default=5.0, help="allowed RSS growth, percent")
+    p.add_argument("--workers", type=int, default=1, help="rollout workers")
+    p.add_argument("--run-dir", default=None, help="run directory (default: a temp dir)")
+    return p
+
+
+def _soak(trainer: Trainer, args) -> tuple[list, int, int, int]:
+    """Steps until --minutes pass; returns ([(t, {role: GB})], steps, kills, restarts)."""
     rng = random.Random(0)
     t0 = time.monotonic()
-    next_kill, kills, rows = t0 + args.kill_every, 0, []
+    next_kill, next_sample = t0 + args.kill_every, t0
+    samples, kills, k, row = [], 0, 0, {}
     try:
-        k = 0
-        while time.monotonic() - t0 < args.minutes * 60:
-            if time.monotonic() >= next_kill:
-                last_step_s = rows[-1][M.STEP_S] if rows else 1.0
+        while (now := time.monotonic()) - t0 < args.minutes * 60:
+            if now >= next_kill:
                 pid = rng.choice(trainer.pool.worker_pids())
-                threading.Timer(rng.uniform(0.0, last_step_s), _kill, (pid,)).start()
+                delay = rng.uniform(0.0, row.get(M.STEP_S, 1.0))
+                threading.Timer(delay, _kill, (pid,)).start()
                 kills += 1
                 next_kill += args.kill_every
-            rows.append(trainer.step(k))
+            row = trainer.step(k)
             k += 1
+            if time.monotonic() >= next_sample:
+                samples.append((time.monotonic() - t0, {r: row[key] for r, key in ROLES.items()}))
+                next_sample += args.sample_every
     finally:
         trainer.shutdown()
-    tenth = max(1, len(rows) // 10)
-    rss_first = float(np.mean([r[M.RSS_GB] for r in rows[:tenth]]))
-    rss_last = float(np.mean([r[M.RSS_GB] for r in rows[-tenth:]]))
-    report = {"minutes": args.minutes, "steps": len(rows), "kills": kills,
-              "restarts": rows[-1][M.RESTARTS] if rows else 0,
-              "rss_gb_first10pct": rss_first, "rss_gb_last10pct": rss_last,
-              "rss_growth_gb": rss_last - rss_first, "run_dir": run_dir}
-    print(json.dumps(report, indent=2))
-    ok = report["restarts"] >= kills
-    return 0 if ok else 1
+    return samples, k, kills, int(row.get(M.RESTARTS, 0))
+
+
+def _growth(samples: list, warmup: float) -> dict:
+    """Per role: mean RSS over the minute before `warmup` and over the last minute, and growth."""
+    t_end = samples[-1][0]
+    first = [s for t, s in samples if warmup - WINDOW_S <= t < warmup]
+    last = [s for t, s in samples if t >= t_end - WINDOW_S]
+    out = {}
+    for role in ROLES:
+        a = sum(s[role] for s in first) / len(first)
+        b = sum(s[role] for s in last) / len(last)
+        out[role] = {"start": a, "end": b, "growth_pct": 100.0 * (b - a) / a if a else 0.0}
+    return out
 
 
 def _kill(pid: int) -> None:

@@ -1,0 +1,95 @@
+"""Continual-learning pieces: the anchor-KL term on hand-built tensors and in the learner, the
+CL summary arithmetic (ACC, BWT, FWT) on a hand-made accuracy matrix."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_learner import make_batch, tiny_cfg
+
+from common.types import TrainBatch
+from learner import losses
+from learner.learner import Learner
+from tools.experiments.cl_metrics import summarize
+
+
+def test_anchor_kl_is_the_weighted_k3_and_ignores_unselected_garbage():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.1]])).requires_grad_()     # (1, 3)
+    anchor = torch.log(torch.tensor([[0.25, 0.5, 0.3]]))
+    anchor[0, 2] = float("nan")  # unselected: may hold anything
+    w = torch.tensor([[0.5, 0.5, 0.0]])
+    kl = losses.anchor_kl(logp, anchor, w)
+    # d = anchor - logp: log 0.5 and log 2; k3 = e^d - d - 1
+    want = 0.5 * (0.5 - math.log(0.5) - 1) + 0.5 * (2 - math.log(2) - 1)
+    assert float(kl.detach()) == pytest.approx(want, rel=1e-6)
+    kl.backward()
+    # d k3 / d logp = 1 - e^d, times the weight; zero where unselected
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.5 * (1 - 0.5), 0.5 * (1 - 2), 0.0]]))
+    same = losses.anchor_kl(logp.detach(), logp.detach(), w)
+    assert float(same) == 0.0
+
+
+def _zero_adv(batch: TrainBatch) -> TrainBatch:
+    return TrainBatch(batch.prompt_ids, batch.completion_ids, batch.old_logp, batch.entropy,
+                      np.zeros(len(batch.advantages), np.float32))
+
+
+def test_anchor_kl_pulls_the_policy_back_to_the_previous_stage():
+    cfg = tiny_cfg("lora", lr=1e-2)
+    cfg.ewc.anchor_kl = 1.0  # and ewc.lam = 0: anchor-KL alone
+    learner = Learner(cfg)
+    learner.train_on(make_batch(seed=0))  # off the init, where LoRA B = 0
+    learner.consolidate([make_batch(seed=1)])
+    assert learner.fisher == {} and set(learner.anchor) == set(learner.trainable)
+    first = learner.train_on(make_batch(seed=2)).row()
+    assert first["loss/anchor_kl"] == 0.0  # measured before the update, at the anchor
+    for seed in range(3, 6):  # the next stage moves the policy away
+        learner.train_on(make_batch(seed=seed))
+    learner.opt = torch.optim.AdamW(learner.params.values(), lr=1e-3)  # no old momentum
+    kls = [learner.train_on(_zero_adv(make_batch(seed=9))).row()["loss/anchor_kl"]
+           for _ in range(5)]
+    # no advantage left: the KL alone trains, and it takes the policy back toward the anchor
+    # (a wrong sign would raise it; an anchor forward that kept the current weights gives 0)
+    assert kls[0] > 0 and min(kls[1:]) < 0.5 * kls[0]
+
+
+def test_anchor_kl_off_leaves_zero_advantage_steps_untrained():
+    learner = Learner(tiny_cfg("lora", lr=1e-2))  # ewc.anchor_kl = 0
+    learner.train_on(make_batch(seed=0))
+    learner.consolidate([make_batch(seed=1)])
+    learner.train_on(make_batch(seed=2))
+    before = {n: p.detach().clone() for n, p in learner.params.items()}
+    row = learner.train_on(_zero_adv(make_batch(seed=9))).row()
+    assert row["loss/anchor_kl"] == 0.0 and row["tokens/active_seqs"] == 0
+    assert all(torch.equal(p, before[n]) for n, p in learner.params.items())
+
+
+def test_anchor_without_fisher_survives_a_checkpoint(tmp_path):
+    cfg = tiny_cfg("lora")
+    cfg.ewc.anchor_kl = 1.0
+    learner = Learner(cfg)
+    learner.train_on(make_batch(seed=0))
+    learner.consolidate([make_batch(seed=1)])
+    learner.save(str(tmp_path))
+    other = Learner(cfg)
+    other.load(str(tmp_path))
+    assert other.fisher == {} and set(other.anchor) == set(learner.anchor)
+    for n, a in learner.anchor.items():
+        assert torch.equal(other.anchor[n], a)
+
+
+def test_cl_summary_on_a_hand_made_matrix():
+    base = [0.2, 0.1, 0.0]
+    R = [[0.8, 0.3, 0.1],    # after stage 1
+         [0.6, 0.7, 0.2],    # after stage 2
+         [0.5, 0.6, 0.9]]    # after stage 3
+    s = summarize(R, base)
+    assert s.acc == pytest.approx((0.5 + 0.6 + 0.9) / 3)
+    assert s.bwt == pytest.approx(((0.5 - 0.8) + (0.6 - 0.7)) / 2)  # -0.2: forgetting
+    assert s.fwt == pytest.approx(((0.3 - 0.1) + (0.2 - 0.0)) / 2)
+    assert s.forgot_first == pytest.approx(0.3)
+    assert s.kept == pytest.approx((0.5 - 0.2) / (0.8 - 0.2))
+    assert math.isnan(summarize([[0.2, 0], [0.1, 0.5]], [0.2, 0]).kept)  # nothing gained
+    with pytest.raises(ValueError, match="T x T"):
+        summarize([[0.1, 0.2]], [0.1])

@@ -1,0 +1,124 @@
+"""Disk faults with real files on a real (small tmpfs) disk: nothing lost, nothing half-written.
+
+* a checkpoint the full disk refuses is removed half-written, counted, and the run goes on
+  (`run.checkpoint_fail_policy=continue`) or stops with one line (`stop`), keeping the previous;
+* metrics and sample rows the disk refuses are kept and written with the next ones;
+* a wandb that dies mid-run is turned off with one warning; metrics.jsonl keeps every row.
+"""
+
+import os
+import subprocess
+
+import pytest
+from test_faults import run_to_end, tiny
+
+from launch import run_io
+from launch.train import Trainer
+
+
+def fill(path, leave: int = 0) -> str:
+    """Fill the disk holding `path` up to `leave` free bytes; returns the filler's path."""
+    st = os.statvfs(path)
+    filler = os.path.join(path, "filler")
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - leave))
+    return filler
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (a disk that can really fill up); skipped where mounting is not allowed."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+class FillsDisk(Trainer):
+    """Fills the run's disk (leaving 64 KiB) while it writes the checkpoint of step FULL_AT."""
+
+    FULL_AT = 2
+
+    def checkpoint(self, step):
+        if step != self.FULL_AT:
+            return super().checkpoint(step)
+        filler = fill(self.run_dir, leave=64 * 1024)
+        try:
+            return super().checkpoint(step)
+        finally:
+            os.remove(filler)
+
+
+def test_a_full_disk_skips_one_checkpoint_and_keeps_the_run(ray_cluster, small_disk):
+    cfg = tiny(steps=5)
+    cfg.run.checkpoint_every = 2
+    summary = run_to_end(FillsDisk(cfg, str(small_disk / "run")))
+    run = small_disk / "run"
+    rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
+    assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == ["ckpt-000004"]
+    assert not [p for p in os.listdir(run) if p.startswith(".tmp-")]  # no half-written dir
+
+
+def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpoint(
+        ray_cluster, small_disk):
+    from launch.train import CheckpointWriteError
+
+    class FullAt4(FillsDisk):
+        FULL_AT = 4
+
+    cfg = tiny(steps=6)
+    cfg.run.checkpoint_every, cfg.run.checkpoint_fail_policy = 2, "stop"
+    with pytest.raises(CheckpointWriteError, match=r"checkpoint of step 4 not written "
+                                                   r"\(OSError: .*No space left") as err:
+        run_to_end(FullAt4(cfg, str(small_disk / "run")))
+    assert "\n" not in str(err.value)
+    run = str(small_disk / "run")
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
+    run_io.check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
+
+
+def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_disk):
+    writer = run_io.RunWriter(str(small_disk / "run"), tiny().to_dict())
+    writer.log({"step": 0, "x": 1.0})
+    writer.samples(0, [{"completion": "a"}])
+    samples = small_disk / "run" / "samples.jsonl"
+    fill(str(small_disk))
+    pad = "x" * 8192  # more than the slack of the file's last block
+    writer.log({"step": 1, "pad": pad})
+    writer.samples(1, [{"completion": pad}, {"completion": "b"}])  # refused, not raised
+    writer.log({"step": 2, "pad": pad})
+    assert [r["step"] for r in writer.metrics()] == [0]  # nothing half-written
+    assert [r["step"] for r in run_io.read_jsonl(str(samples))] == [0]
+    os.remove(small_disk / "filler")
+    writer.log({"step": 3, "x": 4.0})
+    writer.samples(3, [{"completion": "c"}])
+    assert [r["step"] for r in writer.metrics()] == [0, 1, 2, 3]
+    assert [r["completion"][:1] for r in run_io.read_jsonl(str(samples))] == list("axbc")
+
+
+def test_a_dead_wandb_turns_wandb_off_and_the_run_keeps_every_row(tmp_path, monkeypatch):
+    """Real wandb (offline): its service processes are SIGKILLed mid-run (what a full disk or
+    an OOM kill does to it); logging goes on into metrics.jsonl and summary() does not raise."""
+    psutil = pytest.importorskip("psutil")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = tiny().to_dict()
+    cfg["run"]["wandb_project"] = "homerl-test"
+    writer = run_io.RunWriter(str(tmp_path / "run"), cfg)
+    writer.log({"step": 0, "x": 1.0})
+    service = psutil.Process().children(recursive=True)
+    assert any(p.name().startswith("wandb") for p in service), service
+    for p in service:
+        p.kill()
+    psutil.wait_procs(service, timeout=30)
+    for k in range(1, 4):
+        writer.log({"step": k, "x": float(k)})
+    writer.summary({"steps": 4})
+    assert writer.wandb is None and "Connection" in writer.wandb_error
+    assert [r["step"] for r in writer.metrics()] == [0, 1, 2, 3]
