@@ -133,11 +133,31 @@ def _extra_args(parser) -> None:
                         help="continue RUN_DIR from its last complete checkpoint")
 
 
+def unwritable(run_dir: str) -> str | None:
+    """Why a run cannot write `run_dir` (read-only file system, no permission, a file in the
+    way), or None; nothing is created. The run's first existing ancestor is what is checked."""
+    path = os.path.abspath(run_dir)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is a file, not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        st = os.statvfs(path)
+        ro = st.f_flag & os.ST_RDONLY
+        return f"{path} is not writable ({'a read-only file system' if ro else 'no permission'})"
+    return None
+
+
 def resolve_run(argv=None) -> tuple[Config, str, bool]:
     """Config and run dir from the CLI; with --resume the run's own config.json wins."""
     cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
+    run_dir = (cfg.run.run_dir or default_run_dir()) if args.resume is None else args.resume
+    if (why := unwritable(run_dir)) is not None:  # before any actor starts
+        flag = "--resume" if args.resume is not None else "--run-dir"
+        print(f"launch.train: error: {flag} {run_dir}: {why}", file=sys.stderr)
+        raise SystemExit(2)
     if args.resume is None:
-        return cfg, cfg.run.run_dir or default_run_dir(), False
+        return cfg, run_dir, False
     path = os.path.join(args.resume, "config.json")
     if not os.path.exists(path):
         print(f"launch.train: error: --resume: {path} not found", file=sys.stderr)

@@ -77,3 +77,20 @@ def test_rollout_only_lines(ray_cluster, capsys):
     assert all(float(m.group(2)) > 0 for m in rates)
     assert "HFRolloutWorker" in lines[2] and "plain HF" in lines[3]
     assert "1 hf worker x" in lines[4] and "2 hf workers x" in lines[5]
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def test_release_memory_resets_the_high_water_mark_between_systems():
+    """The second system's peak must not carry the first's: after a 400 MB buffer is freed,
+    release_memory() brings VmHWM back to near VmRSS (without the reset it stays 400 MB up)."""
+    from tools.bench_setup import release_memory
+
+    buf = bytearray(400 * 2**20)
+    buf[::4096] = b"x" * len(buf[::4096])  # touch every page: resident
+    del buf
+    release_memory()
+    assert _status_kb("VmHWM") - _status_kb("VmRSS") < 100 * 1024

@@ -2,12 +2,15 @@
 
 * a checkpoint the full disk refuses is removed half-written, counted, and the run goes on
   (`run.checkpoint_fail_policy=continue`) or stops with one line (`stop`), keeping the previous;
+  the same when the run directory turns read-only; one that is unwritable from the start is a
+  one-line error before any actor starts;
 * metrics and sample rows the disk refuses are kept and written with the next ones;
 * a wandb that dies mid-run is turned off with one warning; metrics.jsonl keeps every row.
 """
 
 import os
 import subprocess
+import sys
 
 import pytest
 from test_faults import run_to_end, tiny
@@ -25,17 +28,26 @@ def fill(path, leave: int = 0) -> str:
     return filler
 
 
+def _mount_tmpfs(mnt, options: str) -> None:
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs (a disk that can really fill up); skipped where mounting is not allowed."""
     mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
+    _mount_tmpfs(mnt, "size=16m")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def remount(mnt, mode: str) -> None:
+    """Make the tmpfs at `mnt` read-only ("ro") or writable again ("rw")."""
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
 
 
 class FillsDisk(Trainer):
@@ -81,6 +93,43 @@ def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpo
     run = str(small_disk / "run")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
     run_io.check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
+
+
+def test_an_unwritable_run_dir_is_one_line_before_anything_starts(tmp_path):
+    mnt = tmp_path / "ro"
+    _mount_tmpfs(mnt, "size=1m,ro")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "launch.train", "--preset", "tiny",
+                               "--steps", "2", "--run-dir", str(mnt / "run")],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "RAY_ADDRESS": ""})
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (f"launch.train: error: --run-dir {mnt / 'run'}: {mnt} is "
+                                   "not writable (a read-only file system)")
+
+
+def test_a_run_dir_gone_read_only_skips_the_checkpoint_and_keeps_the_run(ray_cluster,
+                                                                          small_disk):
+    class ReadOnlyAt2(Trainer):
+        def checkpoint(self, step):
+            if step != 2:
+                return super().checkpoint(step)
+            remount(small_disk, "ro")
+            try:
+                return super().checkpoint(step)
+            finally:
+                remount(small_disk, "rw")
+
+    cfg = tiny(steps=5)
+    cfg.run.checkpoint_every = 2
+    run = small_disk / "run"
+    summary = run_to_end(ReadOnlyAt2(cfg, str(run)))
+    rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
+    assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == ["ckpt-000004"]
 
 
 def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_disk):

@@ -33,14 +33,14 @@ completions/s ours / TRL; the line before it is the ratio of the peak footprints
 Peak footprint, the comparable memory figure, is the same formula for both systems
 (`common.memory.Footprint.peak_pss_gb`, the README's memory table): summed over the system's
 processes, PSS (shared pages split among the processes that map them) plus how far each
-process's RSS once rose above its current RSS (VmHWM - RSS). TRL: this process (it scores
-in process) after training (with --order ours,trl the high-water mark also covers our
-driver, which holds no model); ours: the largest `memory/peak_pss_gb` over all steps (driver,
+process's RSS once rose above its current RSS (VmHWM - RSS). Both systems run in this process,
+so between them it is trimmed (malloc_trim) and its VmHWM reset to its RSS (/proc/self/
+clear_refs): neither peak includes the other's. TRL: this process (it scores in process) after
+training; ours: the largest `memory/peak_pss_gb` over all steps (driver,
 learner, rollout workers with their verifier and engine children; Ray's own daemons are not
 counted, as TRL has none). Peak RSS is the old, non-comparable figure, kept for reference:
 TRL's `ru_maxrss`, ours the sum of every process's high-water RSS (`memory/peak_gb`, which
-counts libtorch and the mapped model once per process). The driver is trimmed with
-malloc_trim after TRL so it does not carry TRL's freed heap. TRL's step time is the
+counts libtorch and the mapped model once per process). TRL's step time is the
 interval between consecutive `on_step_end` callbacks (it includes data loading and logging); ours
 is the wall time of `Trainer.step(k)`.
 
