@@ -153,3 +153,25 @@ def release_free_memory() -> bool:
         return bool(ctypes.CDLL(name).malloc_trim(0)) if name else False
     except (OSError, AttributeError):
         return False
+
+
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 1 << 20  # 1 MiB; measured against 128 KiB and 8 MiB (below)
+
+
+def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Keep glibc's mmap threshold fixed (mallopt M_MMAP_THRESHOLD): every block above it is
+    its own mapping, returned to the OS the moment it is freed. By default glibc raises the
+    threshold (up to 32 MiB) each time such a block is freed; from then on a step's tensors
+    come from the heap, and the freed ones stay there as fragments the next allocations cannot
+    reuse. One learner micro-batch on the Qwen2-0.5B shape (16 x (70 + 128) tokens,
+    checkpointed; autograd held 0.09 GiB) peaked 2.86 GiB above its start; pinned at 128 KiB
+    0.54, at 1 MiB 0.60, at 8 MiB 3.25. On `cpu-demo` (small tensors) 1 MiB changes neither
+    the peak nor the time (4.74 s/step), while 128 KiB costs +37% time (every mid-size tensor
+    is mapped and zero-filled anew). The same as MALLOC_MMAP_THRESHOLD_=1048576 in the
+    environment. False where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    try:
+        return bool(ctypes.CDLL(name).mallopt(M_MMAP_THRESHOLD, nbytes)) if name else False
+    except (OSError, AttributeError):
+        return False

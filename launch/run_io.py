@@ -135,6 +135,7 @@ class RunWriter:
             self.wandb, self.wandb_error = None, f"{type(err).__name__}: {err}"
             log.warning("wandb failed (%s); wandb is off for the rest of this run, "
                         "metrics.jsonl keeps every row", self.wandb_error)
+            _detach_wandb()
 
     def metrics(self) -> list[dict]:
         return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))
@@ -188,6 +189,17 @@ def _init_wandb(cfg_dict: dict, run_dir: str, resume: bool):
     return wandb.init(project=project, dir=run_dir, config=cfg_dict, mode=mode,
                       name=os.path.basename(os.path.normpath(run_dir)),
                       resume="allow" if resume else None)
+
+
+def _detach_wandb() -> None:
+    """Unhook a failed wandb from this process: its import hooks would otherwise report every
+    later import of torch, transformers, ... to the dead service and raise in that import."""
+    import wandb
+
+    try:
+        wandb.teardown()  # removes the hooks first; then fails on the dead connection
+    except Exception:
+        pass
 
 
 # ---- checkpoints ---------------------------------------------------------------------------

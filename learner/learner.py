@@ -18,7 +18,7 @@ import torch
 
 from common import metrics as M
 from common.device import actor_device, cap_process_memory, ray_placement
-from common.memory import footprint, release_free_memory
+from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.state_io import (
     load_state,
     optimizer_state,
@@ -58,6 +58,7 @@ class Learner:
 
     def __init__(self, cfg):
         self.cfg = cfg
+        pin_mmap_threshold()  # first: a step's freed activations then leave, not fragment
         set_threads(cfg.rollout.learner_threads)
         torch.manual_seed(cfg.run.seed)
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU

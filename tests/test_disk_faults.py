@@ -8,15 +8,19 @@
 * a wandb that dies mid-run is turned off with one warning; metrics.jsonl keeps every row.
 """
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_faults import run_to_end, tiny
 
 from launch import run_io
 from launch.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def fill(path, leave: int = 0) -> str:
@@ -151,23 +155,41 @@ def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_di
     assert [r["completion"][:1] for r in run_io.read_jsonl(str(samples))] == list("axbc")
 
 
-def test_a_dead_wandb_turns_wandb_off_and_the_run_keeps_every_row(tmp_path, monkeypatch):
-    """Real wandb (offline): its service processes are SIGKILLed mid-run (what a full disk or
-    an OOM kill does to it); logging goes on into metrics.jsonl and summary() does not raise."""
-    psutil = pytest.importorskip("psutil")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cfg = tiny().to_dict()
-    cfg["run"]["wandb_project"] = "homerl-test"
-    writer = run_io.RunWriter(str(tmp_path / "run"), cfg)
-    writer.log({"step": 0, "x": 1.0})
-    service = psutil.Process().children(recursive=True)
-    assert any(p.name().startswith("wandb") for p in service), service
-    for p in service:
-        p.kill()
-    psutil.wait_procs(service, timeout=30)
-    for k in range(1, 4):
-        writer.log({"step": k, "x": float(k)})
-    writer.summary({"steps": 4})
-    assert writer.wandb is None and "Connection" in writer.wandb_error
-    assert [r["step"] for r in writer.metrics()] == [0, 1, 2, 3]
+_DEAD_WANDB = """
+import json, os, sys
+import psutil
+from launch import run_io
+from test_faults import tiny
+cfg = tiny().to_dict()
+cfg["run"]["wandb_project"] = "homerl-test"
+writer = run_io.RunWriter(sys.argv[1], cfg)
+writer.log({"step": 0, "x": 1.0})
+service = psutil.Process().children(recursive=True)  # wandb's service, its only children
+names = sorted(p.name() for p in service)
+for p in service:
+    p.kill()
+psutil.wait_procs(service, timeout=30)
+for k in range(1, 4):
+    writer.log({"step": k, "x": float(k)})
+writer.summary({"steps": 4})
+sys.modules.pop("transformers", None)
+import transformers  # a module wandb hooks: the hook must be gone with the dead service
+print(json.dumps({"names": names, "wandb": writer.wandb is None, "error": writer.wandb_error,
+                  "steps": [r["step"] for r in writer.metrics()]}))
+"""
+
+
+def test_a_dead_wandb_turns_wandb_off_and_the_run_keeps_every_row(tmp_path):
+    """Real wandb (offline) in its own process: its service is SIGKILLed mid-run (what a full
+    disk or an OOM kill does to it); logging goes on into metrics.jsonl, summary() does not
+    raise, and a later import of a module wandb hooks (transformers) does not raise either."""
+    pytest.importorskip("psutil")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": "",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    proc = subprocess.run([sys.executable, "-c", _DEAD_WANDB, str(tmp_path / "run")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(n.startswith("wandb") for n in out["names"]), out
+    assert out["wandb"] and "Connection" in out["error"]
+    assert out["steps"] == [0, 1, 2, 3]
