@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from actors.sampling import own_generation
 from common.models import load_model, load_tokenizer, resolve_model
-from rewards import format_prompt
+from rewards import INSTRUCTION, format_prompt
 
 
 def load_for_eval(name_or_path: str, dtype: torch.dtype):
@@ -39,16 +39,23 @@ def load_for_eval(name_or_path: str, dtype: torch.dtype):
     return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
 
 
+def chat_prompts(tokenizer, questions: list[str], instructions: list[str] | None) -> list[str]:
+    """Each question chat-formatted with its instruction (None: the default answer line)."""
+    return [format_prompt(tokenizer, q, i)
+            for q, i in zip(questions, instructions or [INSTRUCTION] * len(questions))]
+
+
 @torch.no_grad()
 def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
-                    batch_size: int = 32, desc: str = "eval", progress: bool = True) -> list[str]:
+                    batch_size: int = 32, desc: str = "eval", progress: bool = True,
+                    instructions: list[str] | None = None) -> list[str]:
     """Greedy completions for chat-formatted questions, batched, with a progress bar.
 
     Greedy on the model's plain distribution: the generation config is ours
     (actors/sampling.py), so a repetition penalty in the checkpoint's own config does not apply.
     """
     config = own_generation(model, tokenizer, max_new_tokens, greedy=True)
-    prompts = [format_prompt(tokenizer, q) for q in questions]
+    prompts = chat_prompts(tokenizer, questions, instructions)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
     out: list[str] = [""] * len(prompts)
     starts = range(0, len(order), batch_size)
@@ -66,12 +73,13 @@ def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
 @torch.no_grad()
 def sample_complete(model, tokenizer, questions: list[str], max_new_tokens: int, k: int,
                     seed: int = 0, batch_size: int = 32, desc: str = "sample",
-                    progress: bool = True) -> list[list[str]]:
+                    progress: bool = True, instructions: list[str] | None = None
+                    ) -> list[list[str]]:
     """k completions per question sampled at temperature 1 from the model's plain distribution
     (our generation config: no top-k/top-p, no penalties), batched; seeded per batch."""
     config = own_generation(model, tokenizer, max_new_tokens, greedy=False)
     config.num_return_sequences = k
-    prompts = [format_prompt(tokenizer, q) for q in questions]
+    prompts = chat_prompts(tokenizer, questions, instructions)
     per_batch = max(1, batch_size // k)
     out: list[list[str]] = []
     starts = range(0, len(prompts), per_batch)
@@ -99,18 +107,18 @@ class EvalWorker:
         torch.set_num_threads(threads)
         self.model, self.tokenizer = load_for_eval(model, getattr(torch, dtype))
 
-    def complete(self, questions: list[str], max_new_tokens: int,
-                 batch_size: int) -> tuple[list[str], list[int]]:
+    def complete(self, questions: list[str], max_new_tokens: int, batch_size: int,
+                 instructions: list[str] | None = None) -> tuple[list[str], list[int]]:
         """(completions, their token counts), in the order of `questions`."""
         texts = greedy_complete(self.model, self.tokenizer, questions, max_new_tokens,
-                                batch_size, progress=False)
+                                batch_size, progress=False, instructions=instructions)
         return texts, completion_tokens(self.tokenizer, texts)
 
     def sample(self, questions: list[str], max_new_tokens: int, k: int, seed: int,
-               batch_size: int) -> list[list[str]]:
+               batch_size: int, instructions: list[str] | None = None) -> list[list[str]]:
         """k sampled completions per question (see `sample_complete`)."""
         return sample_complete(self.model, self.tokenizer, questions, max_new_tokens, k, seed,
-                               batch_size, progress=False)
+                               batch_size, progress=False, instructions=instructions)
 
     def ping(self) -> dict:
         return {"pid": os.getpid(), "threads": torch.get_num_threads()}

@@ -9,7 +9,7 @@ import numpy as np
 
 from common.memory import Footprint, footprint
 from common.types import RolloutBatch
-from rewards import format_prompt
+from rewards import format_prompt, instruction_for
 from rewards.shaping import combine, has_working
 
 
@@ -21,7 +21,7 @@ def encode_prompts(tokenizer, prompts: list[dict], limit: int):
     """
     keep, skipped, ids = [], [], []
     for i, p in enumerate(prompts):
-        text = format_prompt(tokenizer, p["question"])
+        text = format_prompt(tokenizer, p["question"], instruction_for(p))
         toks = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not p["question"].strip():
             skipped.append({"index": i, "id": p.get("id"), "reason": "empty_prompt"})
@@ -59,7 +59,8 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in keep for _ in range(group_size)]
     results = worker.verifier.score(texts, [prompts[i]["answer"] for i in index],
-                                    timeout_s=worker.cfg.rollout.reward_timeout_s)
+                                    timeout_s=worker.cfg.rollout.reward_timeout_s,
+                                    styles=[prompts[i].get("style") for i in index])
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
     bonus = fmt                    # (N,) what the format bonus pays for; metrics keep fmt

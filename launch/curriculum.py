@@ -1,11 +1,15 @@
 """Curriculum: stages of tasks the driver walks through, with optional early promotion.
 
-A stage spec is `task:level[:steps][@promote]`, comma-separated, e.g.
+A stage spec is `task:level[:steps][:style][@promote]`, comma-separated, e.g.
 
     --curriculum.stages "arith:1:20,arith:2:20,arith:3:20"      # fixed 20 steps each
     --curriculum.stages "arith:1:40@0.8,arith:2:40"             # leave stage 1 early once the
                                                                 # rolling correct rate >= 0.8
     --curriculum.stages "gsm8k:0:100"                           # level is ignored for gsm8k
+    --curriculum.stages "arith:1:30,arith:2:30:boxed"           # stage 2 asks for \boxed{N}
+
+`style` is the answer line the stage's prompts ask for (`rewards.styles`: answer, the default
+"Answer: N"; hash, "#### N"; boxed, "\boxed{N}"); its format bonus and strict accuracy check it.
 
 With no stages the run has one stage made of `curriculum.task/level/data_path`. The stage of
 step j is decided when its rollout is launched, from the rewards observed so far, so it is the
@@ -20,11 +24,13 @@ the current policy like any other prompt.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 from dataclasses import dataclass
 
 from common.config import ConfigError
 from rewards import make_task
+from rewards.styles import DEFAULT_STYLE, STYLES
 
 PROMOTION_WINDOW = 5
 """steps in the rolling mean of `reward/correct` that a promotion rule looks at"""
@@ -36,6 +42,7 @@ class Stage:
     level: int
     steps: int
     promote_at: float | None = None
+    style: str = DEFAULT_STYLE
 
 
 def parse_stages(spec: str, cfg) -> list[Stage]:
@@ -49,21 +56,27 @@ def parse_stages(spec: str, cfg) -> list[Stage]:
         fields = head.split(":")
         try:
             task, level = fields[0], int(fields[1]) if len(fields) > 1 else 1
-            steps = int(fields[2]) if len(fields) > 2 else 0
+            steps = int(fields[2]) if len(fields) > 2 and fields[2] else 0
+            style = fields[3] if len(fields) > 3 else DEFAULT_STYLE
             promote_at = float(promote) if promote else None
+            if len(fields) > 4:
+                raise ValueError
         except ValueError:
             raise ConfigError(f"curriculum.stages: bad stage {part!r}; "
-                              "expected task:level[:steps][@promote]") from None
+                              "expected task:level[:steps][:style][@promote]") from None
+        if style not in STYLES:
+            raise ConfigError(f"curriculum.stages: stage {part!r}: style {style!r}; allowed: "
+                              f"{', '.join(STYLES)}")
         if task not in ("arith", "gsm8k") or (task == "arith" and level not in (1, 2, 3)):
             raise ConfigError(f"curriculum.stages: stage {part!r}: task must be arith (level "
                               "1-3) or gsm8k")
-        stages.append(Stage(task, level, steps, promote_at))
+        stages.append(Stage(task, level, steps, promote_at, style))
     budgeted = sum(s.steps for s in stages)
     if budgeted > total:
         raise ConfigError(f"curriculum.stages: stages need {budgeted} steps, run.steps is {total}")
     if stages[-1].steps == 0 or budgeted < total:  # the last stage takes the remaining steps
         last = stages[-1]
-        stages[-1] = Stage(last.task, last.level, last.steps + total - budgeted, last.promote_at)
+        stages[-1] = dataclasses.replace(last, steps=last.steps + total - budgeted)
     return stages
 
 
@@ -74,7 +87,8 @@ class Curriculum:
         self.cfg = cfg
         self.stages = parse_stages(cfg.curriculum.stages, cfg)
         data = cfg.curriculum.data_path or None
-        self.tasks = [make_task(s.task, s.level, data, cfg.run.seed) for s in self.stages]
+        self.tasks = [make_task(s.task, s.level, data, cfg.run.seed, s.style)
+                      for s in self.stages]
         self.orders: list[list[int] | None] = [None] * len(self.stages)  # SENT order per stage
         self.stage, self.stage_start = 0, 0
         self.trained = [0] * len(self.stages)  # training prompts each stage has used

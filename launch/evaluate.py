@@ -7,7 +7,9 @@
     python -m launch.evaluate --model runs/<run>/final --task gsm8k --data train.jsonl --n 100
 
 Sets: `arith-L` (level L's held-out questions in the templates training uses), `arith-L-unseen`
-(held-out templates: phrasings never trained on), `gsm8k` (the held-out part of `--data`), or
+(held-out templates: phrasings never trained on), `gsm8k` (the held-out part of `--data`), each
+with an optional answer style (`arith-2-boxed`: the prompts ask for `\boxed{N}`, and strict
+accuracy checks it; `rewards.styles`), or
 `--data FILE` alone: every line of a user's JSONL file (`question`, `answer`: a number or
 GSM8K's `#### N`; a malformed line is a one-line error naming the line and the field).
 
@@ -45,8 +47,9 @@ from actors.eval_worker import (
 )
 from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
-from rewards import DatasetError, VerifierPool, make_task
+from rewards import DatasetError, VerifierPool, instruction_for, make_task
 from rewards.evalfile import read_eval_file
+from rewards.styles import STYLES
 
 __all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "pass_at_k", "score",
            "table"]
@@ -72,9 +75,9 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     `Answer: N` final-line format; format_rate: share in that format; pass@1, pass@K over the
     sampled questions (`pass_n` of them).
     """
-    answers = [s["answer"] for s in samples]
+    answers, styles = [s["answer"] for s in samples], [s.get("style") for s in samples]
     with VerifierPool() as pool:
-        results = pool.score(texts, answers)
+        results = pool.score(texts, answers, styles=styles)
         flat = [t for group in sampled or [] for t in group]
         graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g])
     n = len(samples)
@@ -107,9 +110,12 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
     ones for each of the first `sample_n` samples, all by default), scored (see `score`)."""
     t0 = time.perf_counter()
     questions = [s["question"] for s in samples]
-    texts = greedy_complete(model, tokenizer, questions, max_new_tokens, batch_size, desc)
+    asks = [instruction_for(s) for s in samples]  # each sample's answer line
+    texts = greedy_complete(model, tokenizer, questions, max_new_tokens, batch_size, desc,
+                            instructions=asks)
     sampled = (sample_complete(model, tokenizer, questions[:sample_n], max_new_tokens, k,
-                               batch_size=batch_size, desc=f"{desc} x{k}") if k else None)
+                               batch_size=batch_size, desc=f"{desc} x{k}",
+                               instructions=asks[:sample_n]) if k else None)
     lengths = completion_tokens(tokenizer, texts)
     return score(samples, texts, lengths, time.perf_counter() - t0, sampled)
 
@@ -121,9 +127,11 @@ def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, ba
     n, w = len(samples), len(workers)
     bounds = [i * n // w for i in range(w + 1)]
     shards = [[s["question"] for s in samples[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
-    refs = [a.complete.remote(q, max_new_tokens, batch_size) for a, q in zip(workers, shards)]
-    sample_refs = ([a.sample.remote(q, max_new_tokens, k, lo, batch_size)
-                    for a, q, lo in zip(workers, shards, bounds)] if k else [])
+    asks = [[instruction_for(s) for s in samples[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
+    refs = [a.complete.remote(q, max_new_tokens, batch_size, i)
+            for a, q, i in zip(workers, shards, asks)]
+    sample_refs = ([a.sample.remote(q, max_new_tokens, k, lo, batch_size, i)
+                    for a, q, lo, i in zip(workers, shards, bounds, asks)] if k else [])
     pending = refs + sample_refs
     with tqdm(total=len(pending), desc=desc, unit="shard", file=sys.stderr) as bar:
         while pending:
@@ -173,16 +181,21 @@ SET_NAMES = ("arith-1", "arith-2", "arith-3", "arith-1-unseen", "arith-2-unseen"
 
 
 def heldout_sets(spec: str, n: int, data: str | None) -> dict[str, list[dict]]:
-    """Parse `arith-1,arith-1-unseen,gsm8k` into named held-out sets of up to n problems."""
+    """Parse `arith-1,arith-1-unseen,gsm8k,arith-2-boxed` into named held-out sets of up to n
+    problems; a set name may end in an answer style (`rewards.styles`)."""
     sets = {}
     for name in [s.strip() for s in spec.split(",") if s.strip()]:
-        if name not in SET_NAMES:
-            raise ValueError(f"--sets: {name!r} must be one of {', '.join(SET_NAMES)}")
-        if name == "gsm8k":
-            sets[name] = make_task("gsm8k", 0, data).heldout(n)
+        base, _, style = name.rpartition("-")
+        if style not in STYLES or base not in SET_NAMES:
+            base, style = name, None
+        if base not in SET_NAMES:
+            raise ValueError(f"--sets: {name!r} must be one of {', '.join(SET_NAMES)}, "
+                             f"optionally ending in -STYLE ({', '.join(STYLES)})")
+        if base == "gsm8k":
+            sets[name] = make_task("gsm8k", 0, data, style=style).heldout(n)
             continue
-        level, split = int(name.split("-")[1]), "unseen" if name.endswith("unseen") else "seen"
-        sets[name] = make_task("arith", level).heldout(n, split)
+        level, split = int(base.split("-")[1]), "unseen" if base.endswith("unseen") else "seen"
+        sets[name] = make_task("arith", level, style=style).heldout(n, split)
     return sets
 
 

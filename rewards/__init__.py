@@ -19,6 +19,7 @@ from rewards.tasks import (
     GSM8KTask,
     Task,
     format_prompt,
+    instruction_for,
     make_task,
 )
 from rewards.verifiers import (
@@ -62,6 +63,7 @@ __all__ = [
     "extract_answer",
     "format_prompt",
     "format_score",
+    "instruction_for",
     "is_equivalent",
     "make_task",
     "normalize_answer",

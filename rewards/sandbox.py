@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 
 from rewards.verifiers import TIMEOUT, VERIFIER_CRASH, RewardResult, error_result, verify
 
-VerifyFn = Callable[[object, object], RewardResult]
+VerifyFn = Callable[..., RewardResult]  # (completion, answer[, style]) -> result
 
 STARTUP_TIMEOUT_S = 60.0  # generous: a cold start imports sympy
 KILL_GRACE_S = 0.5  # time between SIGTERM and SIGKILL
@@ -58,9 +58,10 @@ def _worker_main(conn: Connection, verify_fn: VerifyFn) -> None:
             batch = conn.recv()
         except EOFError:
             return
-        for index, completion, answer in batch:
-            try:
-                result = verify_fn(completion, answer)
+        for index, completion, answer, style in batch:
+            try:  # a style only when one was asked for: injected verify_fns take two arguments
+                result = (verify_fn(completion, answer) if style is None
+                          else verify_fn(completion, answer, style))
             except Exception:  # noqa: BLE001 - an injected verify_fn may raise; report per item
                 traceback.print_exc()
                 result = error_result(VERIFIER_CRASH)
@@ -122,9 +123,11 @@ class VerifierPool:
             self._closed = True
 
     def score(
-        self, completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0
+        self, completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0,
+        styles: Sequence[str | None] | None = None,
     ) -> list[RewardResult]:
-        """Score each completion against its reference, each within `timeout_s` seconds.
+        """Score each completion against its reference, each within `timeout_s` seconds;
+        `styles`: the answer style each prompt asked for (`rewards.styles`; None: the default).
 
         Results come back in input order. Items that overrun get error "timeout",
         items whose worker died get "verifier_crash"; scoring then goes on in a
@@ -132,6 +135,9 @@ class VerifierPool:
         """
         if len(completions) != len(answers):
             raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
+        styles = list(styles) if styles is not None else [None] * len(completions)
+        if len(styles) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(styles)} styles")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         with self._lock:
@@ -140,11 +146,12 @@ class VerifierPool:
             results: list[RewardResult | None] = [None] * len(completions)
             pending = list(range(len(completions)))
             while pending:
-                conn = self._send_batch([(i, completions[i], answers[i]) for i in pending])
+                conn = self._send_batch([(i, completions[i], answers[i], styles[i])
+                                         for i in pending])
                 pending = self._collect(conn, pending, results, timeout_s)
             return results  # type: ignore[return-value]  # every slot is filled
 
-    def _send_batch(self, batch: list[tuple[int, object, object]]) -> Connection:
+    def _send_batch(self, batch: list[tuple[int, object, object, str | None]]) -> Connection:
         """Send `batch` to a live worker, restarting it once if it died while idle."""
         for attempt in range(2):
             conn = self._ensure_worker()

@@ -11,20 +11,23 @@ from typing import Protocol
 
 from rewards.arith import ArithmeticTask
 from rewards.gsm8k import DatasetError, GSM8KTask
+from rewards.styles import DEFAULT_STYLE, STYLES, get_style
 
 __all__ = [
     "INSTRUCTION",
     "TASK_NAMES",
+    "StyledTask",
     "ArithmeticTask",
     "DatasetError",
     "GSM8KTask",
     "Task",
     "format_prompt",
+    "instruction_for",
     "make_task",
 ]
 
-# Must agree with rewards.verifiers.ANSWER_FORMAT, which awards the format score.
-INSTRUCTION = "Solve the problem. End your reply with a final line of the form 'Answer: <number>'."
+# The default answer style's; rewards.verifiers.ANSWER_FORMAT awards its format score.
+INSTRUCTION = STYLES[DEFAULT_STYLE].instruction
 TASK_NAMES = ("arith", "gsm8k")
 
 
@@ -42,13 +45,40 @@ class Task(Protocol):
         ...
 
 
-def make_task(name: str, level: int = 1, data_path: str | None = None, seed: int = 0) -> Task:
-    """Build a task by name: "arith" uses `level`, "gsm8k" uses `data_path`."""
+def make_task(name: str, level: int = 1, data_path: str | None = None, seed: int = 0,
+              style: str | None = None) -> Task:
+    """Build a task by name: "arith" uses `level`, "gsm8k" uses `data_path`; a `style` other
+    than the default makes its samples ask for that answer line (`rewards.styles`)."""
     if name == "arith":
-        return ArithmeticTask(level=level, seed=seed)
-    if name == "gsm8k":
-        return GSM8KTask(data_path, seed=seed)
-    raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASK_NAMES)}")
+        task = ArithmeticTask(level=level, seed=seed)
+    elif name == "gsm8k":
+        task = GSM8KTask(data_path, seed=seed)
+    else:
+        raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASK_NAMES)}")
+    style = get_style(style).name
+    return task if style == DEFAULT_STYLE else StyledTask(task, style)
+
+
+class StyledTask:
+    """`task` whose samples carry `"style": style`: their prompts ask for that answer line and
+    their format score checks it. Everything else is the wrapped task's."""
+
+    def __init__(self, task: Task, style: str):
+        self.task, self.style = task, get_style(style).name
+
+    def __getattr__(self, name: str):  # name, level, sizes, ...: the wrapped task's
+        return getattr(self.task, name)
+
+    def train_sample(self, i: int) -> dict:
+        return {**self.task.train_sample(i), "style": self.style}
+
+    def heldout(self, n: int, *args) -> list[dict]:
+        return [{**s, "style": self.style} for s in self.task.heldout(n, *args)]
+
+
+def instruction_for(sample: dict) -> str:
+    """The instruction a sample's prompt ends with: its answer style's."""
+    return get_style(sample.get("style")).instruction
 
 
 def format_prompt(tokenizer: object, question: str, instruction: str = INSTRUCTION) -> str:

@@ -21,6 +21,7 @@ from rewards.parsing import (
     normalize_answer,
     to_fraction,
 )
+from rewards.styles import DEFAULT_STYLE, STYLES, get_style
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +45,12 @@ REL_TOL = Fraction(1, 10**6)
 MAX_SYMBOLIC_CHARS = 200
 MAX_POWERS = 3
 
-# The format our prompts ask for: the last non-empty line is exactly
+# The format our prompts ask for by default: the last non-empty line is exactly
 # "Answer: <number>" (case-insensitive), where <number> may carry a leading "$",
 # a sign, thousands commas, decimals, an a/b fraction, a trailing "%" or ".".
 # Anything else ("**Answer:** 42", "Answer: 42 apples") earns only partial credit.
-ANSWER_FORMAT = re.compile(
-    r"(?i)^answer:[ \t]*\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?\.?$"
-)
+# Other answer lines a prompt can ask for: rewards.styles.
+ANSWER_FORMAT = STYLES[DEFAULT_STYLE].final_line
 
 _DIGIT_RUN_RE = re.compile(r"\d+")
 _POWER_RE = re.compile(r"\^|\*\*")
@@ -89,16 +89,17 @@ def error_result(code: str) -> RewardResult:
     return RewardResult(0.0, 0.0, None, code)
 
 
-def format_score(text: str) -> float:
+def format_score(text: str, style: str | None = None) -> float:
     """Score how well `text` follows the requested answer format.
 
-    1.0: the last non-empty line matches `ANSWER_FORMAT`.
+    1.0: the last non-empty line is in the answer style asked for (`rewards.styles`; by
+    default `ANSWER_FORMAT`, "Answer: <number>").
     0.5: an explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``) is present elsewhere.
     0.0: no tagged answer at all.
     """
     stripped = text.strip()
     last_line = stripped.rsplit("\n", 1)[-1].strip()
-    if ANSWER_FORMAT.match(last_line):
+    if get_style(style).final_line.match(last_line):
         return 1.0
     return 0.5 if has_tagged_answer(stripped) else 0.0
 
@@ -203,7 +204,7 @@ def _as_text(completion: object) -> tuple[str | None, str | None]:
     return completion, None
 
 
-def _verify(completion: object, answer: object) -> RewardResult:
+def _verify(completion: object, answer: object, style: str | None = None) -> RewardResult:
     """`verify` without the last-resort crash guard."""
     reference = parse_reference(answer)
     if reference is None:
@@ -219,7 +220,7 @@ def _verify(completion: object, answer: object) -> RewardResult:
         return error_result(NON_UTF8)
     if not text.strip():
         return error_result(EMPTY)
-    fmt = format_score(text)
+    fmt = format_score(text, style)
     raw, _rule = extract_answer(text)
     parsed = normalize_answer(raw)
     if parsed is None:
@@ -228,15 +229,16 @@ def _verify(completion: object, answer: object) -> RewardResult:
     return RewardResult(score, fmt, parsed, None)
 
 
-def verify(completion: str | bytes, answer: str) -> RewardResult:
+def verify(completion: str | bytes, answer: str, style: str | None = None) -> RewardResult:
     """Score `completion` against reference `answer`; never raises.
 
-    `answer` is a GSM8K solution ending in ``#### N`` or a plain answer string.
+    `answer` is a GSM8K solution ending in ``#### N`` or a plain answer string; `style` the
+    answer line the prompt asked for (`rewards.styles`, None: "Answer: N").
     Any unexpected exception is logged and reported as ``verifier_crash`` so a
     bug shows up in the error counts instead of silently as a zero reward.
     """
     try:
-        return _verify(completion, answer)
+        return _verify(completion, answer, style)
     except Exception:  # noqa: BLE001 - contract: never raise; the code makes it visible
         logger.exception("verify crashed on completion of type %s", type(completion).__name__)
         return error_result(VERIFIER_CRASH)

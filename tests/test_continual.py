@@ -93,3 +93,27 @@ def test_cl_summary_on_a_hand_made_matrix():
     assert math.isnan(summarize([[0.2, 0], [0.1, 0.5]], [0.2, 0]).kept)  # nothing gained
     with pytest.raises(ValueError, match="T x T"):
         summarize([[0.1, 0.2]], [0.1])
+
+
+def test_forgetting_table_reads_the_matrices_it_is_given():
+    """tools.experiments.forgetting's table: stage-1 loss, BWT and the kept share, per method,
+    mean and range over seeds, from hand-made scores (strict accuracy after each stage)."""
+    from tools.experiments.forgetting import METRIC, SETS, matrix, table
+
+    def run(rows, wall_s=600.0, peak=3.0):
+        return {"after": [{s: {METRIC: x} for s, x in zip(SETS, row)} for row in rows],
+                "wall_s": wall_s, "peak_pss_gb": peak}
+
+    base = {s: {METRIC: 0.1} for s in SETS}
+    naive = [run([[0.6, 0.1, 0.1], [0.2, 0.7, 0.1], [0.1, 0.2, 0.8]]),
+             run([[0.8, 0.1, 0.1], [0.4, 0.7, 0.1], [0.1, 0.2, 0.8]])]
+    assert matrix(naive[0])[1] == [0.2, 0.7, 0.1]
+    lines = table(base, {"naive": naive}).splitlines()
+    assert lines[2].startswith("| base | - | 10.0 | 10.0 | 10.0 |")
+    cells = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert cells[:5] == ["naive", "2", "10.0 (10.0 to 10.0)", "20.0 (20.0 to 20.0)",
+                         "80.0 (80.0 to 80.0)"]
+    # stage 1 lost 0.5 and 0.7; BWT = mean(0.1-0.6, 0.2-0.7) = -0.5 and mean(-0.7, -0.5) = -0.6
+    assert cells[6] == "-55.0 (-60.0 to -50.0)" and cells[8] == "60.0 (50.0 to 70.0)"
+    assert cells[9] == "0% (0% to 0%)"  # back at base: none of the gain kept
+    assert cells[10:] == ["10.0 (10.0 to 10.0)", "3.00 (3.00 to 3.00)"]

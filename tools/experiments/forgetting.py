@@ -1,12 +1,21 @@
-"""Does EWC stop a 3-stage curriculum from forgetting? Train with EWC off and on, same seeds.
+"""Continual learning: train stages that interfere, score every stage after each one, per method.
 
-    python -m tools.experiments.forgetting                       # cpu-demo, 3 x 15 steps
-    python -m tools.experiments.forgetting --stage-steps 20 --lam 1000,10000 --n 40
-    python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4   # smoke test
+    python -m tools.experiments.forgetting --seeds 0 1 2                 # every method, 3 seeds
+    python -m tools.experiments.forgetting --quick                       # 1 seed, a smaller check
+    python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
+    python -m tools.experiments.forgetting --methods naive --ewc-lams 1e2,1e3,1e4 -- \
+        --rollout.engine vllm                     # after --: launch.train flags for every arm
+    python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
-Curriculum arith:1 -> arith:2 -> arith:3. After each stage the current policy is saved and
-scored (greedy) on the held-out sets of all three stages, so forgetting of earlier stages shows
-as a falling number in an earlier column. Prints one table per arm and writes results.json.
+The stages (default `STAGES`) ask for the same kind of problem with a different final answer
+line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then "#### N"): a policy trained
+on one answer line drifts to it on every prompt, so stage 1's strict accuracy (right *and* in
+the asked line) is what plain sequential training loses. A method is a set of `launch.train`
+flags (`METHODS`; `--ewc-lams` adds EWC arms on a log grid). For every method and seed: train
+the curriculum (a local Ray cluster, the real driver), save the policy after each stage and
+score it greedily on every stage's held-out set. Writes OUT/results.json (every matrix),
+OUT/table.md (mean and range over seeds: final accuracy per stage, ACC, BWT, FWT, stage 1's
+gain kept, wall time, peak memory; `tools.experiments.cl_metrics`) and OUT/stages.png.
 """
 
 from __future__ import annotations
@@ -14,82 +23,190 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
 import ray
 import torch
 
-from common.config import Config
-from launch.evaluate import evaluate_many, heldout_sets, table
-from launch.presets import get_preset
+from common import metrics as M
+from launch.cli import parse_config
+from launch.evaluate import evaluate, heldout_sets, load_for_eval
 from launch.train import Trainer
+from tools.experiments.cl_metrics import summarize
 
-SETS = "arith-1,arith-2,arith-3"
+STAGES = ("arith:1:{n}", "arith:1:{n}:boxed", "arith:1:{n}:hash")
+SETS = ("arith-1", "arith-1-boxed", "arith-1-hash")  # stage j's held-out set
+METRIC = "strict_accuracy"  # right and in the stage's answer line: what interference takes
+METHODS = {
+    "naive": [],
+    "replay": ["--curriculum.replay", "0.25"],
+    "anchor-kl": ["--ewc.anchor_kl", "0.1"],
+    "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
+}
 
 
-def run_arm(base_cfg, lam: float, out_dir: str, sets: dict, max_new_tokens: int) -> list[dict]:
-    """Train the curriculum with EWC strength `lam`; evaluate after every stage."""
-    cfg = Config.from_dict(base_cfg.to_dict())  # a deep copy per arm
-    cfg.ewc.lam = lam
-    trainer = Trainer(cfg, out_dir)
-    rows = []
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tools.experiments.forgetting",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--preset", default="cpu-demo", help="base preset")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--ewc-lams", default="", help="EWC arms, e.g. 1e2,1e3,1e4 (ewc-<lam>)")
+    p.add_argument("--stage-steps", type=int, default=30, help="training steps per stage")
+    p.add_argument("--n", type=int, default=150, help="held-out problems per stage set")
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller check: seed 0, naive and replay, 20 steps a stage, 60 problems")
+    p.add_argument("--out", default="runs/forgetting", help="output directory")
+    p.add_argument("train_flags", nargs=argparse.REMAINDER,
+                   help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
+    args = p.parse_args(argv)
+    if args.train_flags[:1] == ["--"]:
+        args.train_flags = args.train_flags[1:]
+    if args.quick:
+        args.seeds, args.methods, args.stage_steps, args.n = [0], "naive,replay", 20, 60
+    methods = {m: METHODS.get(m) for m in args.methods.split(",") if m}
+    bad = [m for m, flags in methods.items() if flags is None]
+    if bad:
+        p.error(f"--methods: {', '.join(bad)}: allowed: {', '.join(METHODS)}")
+    for lam in [x for x in args.ewc_lams.split(",") if x]:
+        methods[f"ewc-{lam}"] = ["--ewc.lam", lam]
+    args.method_flags = methods
+    return args
+
+
+def method_config(args, flags: list[str], seed: int):
+    stages = ",".join(s.format(n=args.stage_steps) for s in STAGES)
+    cfg, _ = parse_config(["--preset", args.preset, "--steps", str(3 * args.stage_steps),
+                           "--curriculum.stages", stages, "--run.checkpoint_every", "0",
+                           "--seed", str(seed), *args.train_flags, *flags],
+                          prog="tools.experiments.forgetting")
+    return cfg
+
+
+def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
+    """{set: {accuracy, strict_accuracy, format_rate}} of a saved policy, greedy."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tok = load_for_eval(model_path, torch.float32)
+    out = {}
+    for name, samples in sets.items():
+        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
+        out[name] = {k: res[k] for k in ("accuracy", "strict_accuracy", "format_rate")}
+    return out
+
+
+def run_method(cfg, run_dir: str, sets: dict) -> dict:
+    """Train the curriculum; the scores after each stage, wall time, peak memory."""
+    trainer, t0, after = Trainer(cfg, run_dir), time.perf_counter(), []
     try:
         stages = trainer.curriculum.stages
         ends = [sum(s.steps for s in stages[: i + 1]) for i in range(len(stages))]
         for k in range(cfg.run.steps):
             trainer.step(k)
             if k + 1 in ends:
-                stage = ends.index(k + 1)
                 path = ray.get(trainer.learner.save_final.remote(
-                    os.path.join(out_dir, f"after-stage-{stage + 1}")))
-                torch.set_num_threads(os.cpu_count() or 1)
-                res = evaluate_many([path], sets, torch.float32, max_new_tokens, 32)[0]
-                res["model"] = f"ewc={lam:g} after stage {stage + 1}"
-                rows.append(res)
-                print(table(rows[-1:], list(sets)), flush=True)
-        trainer.finish(0.0)
+                    os.path.join(run_dir, f"after-stage-{ends.index(k + 1) + 1}")))
+                after.append(scores(path, sets, cfg.rollout.max_new_tokens))
+        trainer.finish(time.perf_counter() - t0)
+        rows = trainer.writer.metrics()
     finally:
         trainer.shutdown()
-    return rows
+    return {"after": after, "wall_s": time.perf_counter() - t0,
+            "peak_pss_gb": max((r.get(M.PEAK_PSS_GB, 0.0) for r in rows), default=0.0)}
+
+
+def matrix(run: dict, metric: str = METRIC) -> list[list[float]]:
+    """R[i][j]: `metric` on stage j's set after training stage i."""
+    return [[a[s][metric] for s in SETS] for a in run["after"]]
+
+
+def mean_range(vals: list[float], scale: float = 100.0, fmt: str = "{:.1f}") -> str:
+    vals = [v for v in vals if v == v]  # nan: stage 1 gained nothing, so no share was kept
+    if not vals:
+        return "n/a"
+    m, lo, hi = (scale * statistics.mean(vals), scale * min(vals), scale * max(vals))
+    return f"{fmt.format(m)} ({fmt.format(lo)} to {fmt.format(hi)})" if len(vals) > 1 \
+        else fmt.format(m)
+
+
+def table(base: dict, results: dict) -> str:
+    """Markdown: one row per method, mean (range) over seeds, in points of strict accuracy."""
+    b = [base[s][METRIC] for s in SETS]
+    head = ["method", "seeds", *(f"final {s}" for s in SETS), "ACC", "BWT", "FWT",
+            "stage-1 lost", "stage-1 gain kept", "wall min", "peak GiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines.append("| base | - | " + " | ".join(f"{100 * x:.1f}" for x in b)
+                 + " | - | - | - | - | - | - | - |")
+    for name, runs in results.items():
+        cl = [summarize(matrix(r), b) for r in runs]
+        finals = [mean_range([matrix(r)[-1][j] for r in runs]) for j in range(len(SETS))]
+        cells = [name, str(len(runs)), *finals,
+                 mean_range([c.acc for c in cl]), mean_range([c.bwt for c in cl]),
+                 mean_range([c.fwt for c in cl]), mean_range([c.forgot_first for c in cl]),
+                 mean_range([c.kept for c in cl], fmt="{:.0f}%"),
+                 mean_range([r["wall_s"] / 60 for r in runs], 1.0),
+                 mean_range([r["peak_pss_gb"] for r in runs], 1.0, "{:.2f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(base: dict, results: dict, path: str) -> None:
+    """One panel per method: each stage set's strict accuracy at base and after each stage
+    (mean over seeds, the seeds' range shaded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.4), squeeze=False)
+    x = list(range(len(SETS) + 1))
+    for ax, (name, runs) in zip(axes[0], results.items()):
+        for j, s in enumerate(SETS):
+            ys = [[base[s][METRIC]] + [row[j] for row in matrix(r)] for r in runs]
+            mean = [100 * statistics.mean(v) for v in zip(*ys)]
+            ax.plot(x, mean, marker="o", label=s)
+            ax.fill_between(x, [100 * min(v) for v in zip(*ys)],
+                            [100 * max(v) for v in zip(*ys)], alpha=0.2)
+        ax.set_title(f"{name} ({len(runs)} seed(s))")
+        ax.set_xticks(x, ["base", *(f"after {i + 1}" for i in range(len(SETS)))])
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("strict accuracy %")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="tools.experiments.forgetting",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="cpu-demo", help="base preset")
-    p.add_argument("--stage-steps", type=int, default=15, help="training steps per stage")
-    p.add_argument("--lam", default="1e4,1e5", help="EWC lambda(s) of the EWC arm(s), "
-                   "comma-separated")
-    p.add_argument("--fisher-batches", type=int, default=4, help="batches in the Fisher estimate")
-    p.add_argument("--n", type=int, default=30, help="held-out problems per stage set")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit")
-    p.add_argument("--out", default="runs/forgetting", help="output directory")
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout engine")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="skip the EWC-off arm (e.g. to rerun only the EWC arms)")
-    args = p.parse_args(argv)
-    t0 = time.perf_counter()
-    cfg = get_preset(args.preset)
-    cfg.run.steps = 3 * args.stage_steps
-    cfg.curriculum.stages = ",".join(f"arith:{lv}:{args.stage_steps}" for lv in (1, 2, 3))
-    cfg.rollout.max_new_tokens = args.max_new_tokens
-    cfg.ewc.fisher_batches = args.fisher_batches
-    cfg.run.checkpoint_every = 0
-    cfg.rollout.engine = args.engine
-    sets = heldout_sets(SETS, args.n, None)
-    results = {}
-    lams = [float(x) for x in args.lam.split(",")]
-    for lam in lams if args.no_baseline else [0.0, *lams]:
-        arm_dir = os.path.join(args.out, f"ewc-{lam:g}")
-        results[f"ewc={lam:g}"] = run_arm(cfg, lam, arm_dir, sets, args.max_new_tokens)
-    wall = time.perf_counter() - t0
-    print(f"\nforgetting experiment: {args.preset} ({args.engine}), 3 x {args.stage_steps} steps, "
-          f"{args.n} held-out problems per set, wall {wall / 60:.1f} min")
-    print(table([r for rows in results.values() for r in rows], list(sets)))
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"results-{'-'.join(map(str, results))}.json"), "w") as f:
-        json.dump({"args": vars(args), "wall_s": wall, "results": results}, f, indent=2)
+    cfg0 = method_config(args, [], args.seeds[0])
+    sets = heldout_sets(",".join(SETS), args.n, None)
+    base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
+    results: dict[str, list[dict]] = {}
+    t0 = time.perf_counter()
+    for name, flags in args.method_flags.items():
+        for seed in args.seeds:
+            cfg = method_config(args, flags, seed)
+            run = run_method(cfg, os.path.join(args.out, name, f"seed{seed}"), sets)
+            results.setdefault(name, []).append({"seed": seed, **run})
+            # written after every run: an interrupted experiment keeps what it finished
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump({"args": {k: v for k, v in vars(args).items()}, "stages": STAGES,
+                           "sets": SETS, "metric": METRIC, "base": base,
+                           "results": results}, f, indent=2)
+            R = matrix(results[name][-1])
+            print(f"{name} seed {seed}: {METRIC} after each stage (rows) on {', '.join(SETS)}: "
+                  f"{[[round(100 * x, 1) for x in row] for row in R]}", flush=True)
+    md = table(base, results)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(md + "\n")
+    plot(base, results, os.path.join(args.out, "stages.png"))
+    print(f"\nforgetting: {args.preset}, 3 x {args.stage_steps} steps, {args.n} held-out "
+          f"problems per stage, {len(args.seeds)} seed(s), wall "
+          f"{(time.perf_counter() - t0) / 60:.1f} min; {args.out}/table.md, stages.png")
+    print(md)
     return 0
 
 

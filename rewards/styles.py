@@ -1,0 +1,53 @@
+"""Answer styles: the final line a prompt asks for, and the check that pays the format bonus.
+
+A sample may carry `"style"` (default "answer"); its prompt ends with the style's instruction
+and its format score (and so strict accuracy) is 1.0 only for a last line in that style.
+Correctness does not depend on the style: the answer is extracted by any rule
+(`rewards.parsing`), so a right number in another style is right but not strict.
+
+Styles exist for curricula whose stages ask for different answer lines: a policy trained on
+one style drifts to it on every prompt, which is forgetting a test can measure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# A number as the answer line may carry it: "$", a sign, thousands commas, decimals, an a/b
+# fraction, a trailing "%".
+_NUMBER = r"\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?"
+
+
+@dataclass(frozen=True)
+class AnswerStyle:
+    name: str
+    instruction: str
+    """appended to the question in the prompt"""
+    final_line: re.Pattern
+    """the last non-empty line of a completion in this style"""
+
+
+STYLES = {
+    "answer": AnswerStyle(
+        "answer",
+        "Solve the problem. End your reply with a final line of the form 'Answer: <number>'.",
+        re.compile(rf"(?i)^answer:[ \t]*{_NUMBER}\.?$")),
+    "hash": AnswerStyle(
+        "hash",
+        "Solve the problem. End your reply with a final line of the form '#### <number>'.",
+        re.compile(rf"^####[ \t]*{_NUMBER}\.?$")),
+    "boxed": AnswerStyle(
+        "boxed",
+        "Solve the problem. End your reply with a final line of the form '\\boxed{<number>}'.",
+        re.compile(rf"^\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}\.?$")),
+}
+DEFAULT_STYLE = "answer"
+
+
+def get_style(name: str | None) -> AnswerStyle:
+    """The style called `name` (None: the default); ValueError naming the allowed ones."""
+    style = STYLES.get(name or DEFAULT_STYLE)
+    if style is None:
+        raise ValueError(f"answer style {name!r}: allowed: {', '.join(STYLES)}")
+    return style

@@ -1,0 +1,98 @@
+"""Answer styles (rewards.styles): what each style's prompt asks for, what its format check pays,
+and that a styled stage carries its style from the curriculum to the prompt, the verifier and
+the held-out sets."""
+
+import pytest
+from test_curriculum import cfg_with
+from test_tasks import ChatTokenizer
+
+from actors.prompts import encode_prompts
+from common.config import ConfigError
+from launch.curriculum import Curriculum, parse_stages
+from launch.evaluate import heldout_sets
+from rewards import INSTRUCTION, VerifierPool, format_score, instruction_for, make_task
+from rewards.styles import STYLES, get_style
+from rewards.verifiers import verify
+
+WORKING = "3 + 4 = 7\n"
+LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}"}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_each_style_pays_full_format_only_for_its_own_final_line(style):
+    for other, line in LINES.items():
+        want = 1.0 if other == style else 0.5  # another style's tag is a tagged answer elsewhere
+        assert format_score(WORKING + line, style) == want, (style, other)
+        result = verify(WORKING + line, "7", style)
+        assert result.score == 1.0 and result.format_score == want  # right in any style
+    assert format_score(WORKING + "so 7", style) == 0.0
+    assert get_style(style).instruction != get_style(None).instruction or style == "answer"
+
+
+def test_default_style_is_the_answer_line_and_unknown_styles_are_refused():
+    assert format_score("Answer: 7") == format_score("Answer: 7", "answer") == 1.0
+    assert format_score("#### 7") == 0.5
+    assert get_style(None).instruction == INSTRUCTION
+    with pytest.raises(ValueError, match="allowed: answer, hash, boxed"):
+        get_style("latex")
+    assert verify("Answer: 7", "7", "latex").error == "verifier_crash"  # never raises
+
+
+def test_the_verifier_pool_checks_each_item_against_its_own_style():
+    texts = [WORKING + LINES["hash"], WORKING + LINES["hash"], WORKING + LINES["boxed"]]
+    with VerifierPool() as pool:
+        results = pool.score(texts, ["7", "7", "8"], styles=["hash", None, "boxed"])
+        with pytest.raises(ValueError, match="2 styles"):
+            pool.score(texts, ["7"] * 3, styles=["hash", None])
+    assert [(r.score, r.format_score) for r in results] == [(1.0, 1.0), (1.0, 0.5), (0.0, 1.0)]
+
+
+def test_styled_tasks_carry_their_style_and_default_tasks_none():
+    plain, boxed = make_task("arith", 2, seed=3), make_task("arith", 2, seed=3, style="boxed")
+    assert "style" not in plain.train_sample(0) and instruction_for(plain.train_sample(0)) == \
+        INSTRUCTION
+    s = boxed.train_sample(0)
+    assert s == {**plain.train_sample(0), "style": "boxed"}  # the same problem, another ask
+    assert instruction_for(s) == STYLES["boxed"].instruction
+    assert all(h["style"] == "boxed" for h in boxed.heldout(5, "unseen"))
+    assert boxed.level == 2  # the wrapped task's attributes
+
+
+def test_a_styled_stage_asks_for_its_answer_line_in_the_prompt():
+    cfg = cfg_with("arith:1:2,arith:2:2:hash", 4)
+    cur = Curriculum(cfg)
+    prompts = [cur.prompts(k)[1] for k in range(4)]
+    assert all("style" not in p for p in prompts[0] + prompts[1])
+    assert all(p["style"] == "hash" for p in prompts[2] + prompts[3])
+    keep, skipped, ids = encode_prompts(_CharTokenizer(), prompts[0][:1] + prompts[2][:1], 10_000)
+    assert keep == [0, 1] and not skipped
+    texts = ["".join(map(chr, t)) for t in ids]
+    assert "'Answer: <number>'" in texts[0] and "'#### <number>'" in texts[1]
+
+
+def test_stage_specs_with_styles_and_their_errors():
+    stages = parse_stages("arith:1:3,arith:2::boxed@0.9", cfg_with("", 10))
+    assert [(s.level, s.steps, s.style, s.promote_at) for s in stages] == [
+        (1, 3, "answer", None), (2, 7, "boxed", 0.9)]
+    with pytest.raises(ConfigError, match="style 'latex'; allowed: answer, hash, boxed"):
+        parse_stages("arith:1:3:latex", cfg_with("", 10))
+    with pytest.raises(ConfigError, match="bad stage"):
+        parse_stages("arith:1:3:hash:x", cfg_with("", 10))
+
+
+def test_heldout_set_names_take_a_style_suffix():
+    sets = heldout_sets("arith-1,arith-2-boxed,arith-1-unseen-hash", 4, None)
+    assert "style" not in sets["arith-1"][0]
+    assert [s["style"] for s in sets["arith-2-boxed"]] == ["boxed"] * 4
+    assert sets["arith-2-boxed"][0]["question"] == heldout_sets("arith-2", 1, None)[
+        "arith-2"][0]["question"]
+    assert sets["arith-1-unseen-hash"][0]["id"].startswith("arith-l1-unseen")
+    with pytest.raises(ValueError, match="optionally ending in -STYLE"):
+        heldout_sets("arith-2-latex", 4, None)
+
+
+class _CharTokenizer(ChatTokenizer):
+    """Characters as token ids: the encoded prompt's text can be read back."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
