@@ -1,6 +1,7 @@
 """Continual-learning pieces: the anchor-KL term on hand-built tensors and in the learner, the
 CL summary arithmetic (ACC, BWT, FWT) on a hand-made accuracy matrix."""
 
+import json
 import math
 
 import numpy as np
@@ -117,3 +118,23 @@ def test_forgetting_table_reads_the_matrices_it_is_given():
     assert cells[6] == "-55.0 (-60.0 to -50.0)" and cells[8] == "60.0 (50.0 to 70.0)"
     assert cells[9] == "0% (0% to 0%)"  # back at base: none of the gain kept
     assert cells[10:] == ["10.0 (10.0 to 10.0)", "3.00 (3.00 to 3.00)"]
+
+
+def test_forgetting_resume_keeps_only_runs_of_the_same_design(tmp_path):
+    """--resume reuses a saved (method, seed) run only when stages, steps, sets, preset and
+    train flags all match; another design, a missing or a torn results.json reuse nothing."""
+    from tools.experiments.forgetting import finished_runs, parse_args, same_design
+
+    args = parse_args(["--seeds", "0", "--stage-steps", "5", "--n", "10", "--resume"])
+    design = same_design(args)
+    path = tmp_path / "results.json"
+    runs = {"naive": [{"seed": 0, "after": [], "wall_s": 1.0, "peak_pss_gb": 1.0}]}
+    path.write_text(json.dumps({"design": design, "results": runs}))
+    assert finished_runs(str(path), design) == runs
+    other = same_design(parse_args(["--stage-steps", "6", "--n", "10"]))
+    assert finished_runs(str(path), other) == {}
+    flags = same_design(parse_args(["--stage-steps", "5", "--n", "10", "--", "--lr", "1e-4"]))
+    assert flags["train_flags"] == ["--lr", "1e-4"] and finished_runs(str(path), flags) == {}
+    path.write_text('{"design": ')  # torn by a kill mid-write
+    assert finished_runs(str(path), design) == {}
+    assert finished_runs(str(tmp_path / "none.json"), design) == {}

@@ -2,6 +2,7 @@
 
     python -m tools.experiments.forgetting --seeds 0 1 2                 # every method, 3 seeds
     python -m tools.experiments.forgetting --quick                       # 1 seed, a smaller check
+    python -m tools.experiments.forgetting --seeds 0 1 2 --resume        # keep finished runs
     python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
     python -m tools.experiments.forgetting --methods naive --ewc-lams 1e2,1e3,1e4 -- \
         --rollout.engine vllm                     # after --: launch.train flags for every arm
@@ -60,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a smaller check: seed 0, naive and replay, 20 steps a stage, 60 problems")
     p.add_argument("--out", default="runs/forgetting", help="output directory")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the (method, seed) runs OUT/results.json already holds for the "
+                        "same stages, steps, sets and preset; run only the rest")
     p.add_argument("train_flags", nargs=argparse.REMAINDER,
                    help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
     args = p.parse_args(argv)
@@ -115,6 +119,23 @@ def run_method(cfg, run_dir: str, sets: dict) -> dict:
         trainer.shutdown()
     return {"after": after, "wall_s": time.perf_counter() - t0,
             "peak_pss_gb": max((r.get(M.PEAK_PSS_GB, 0.0) for r in rows), default=0.0)}
+
+
+def same_design(args) -> dict:
+    """What must match for a saved run to be reused by --resume."""
+    return {"preset": args.preset, "stage_steps": args.stage_steps, "n": args.n,
+            "stages": list(STAGES), "sets": list(SETS), "train_flags": list(args.train_flags)}
+
+
+def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
+    """{method: [run, ...]} saved in results.json at `path` by an experiment of the same
+    design; {} when there is none or it was another design (it is then not reused)."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return saved.get("results", {}) if saved.get("design") == design else {}
 
 
 def matrix(run: dict, metric: str = METRIC) -> list[list[float]]:
@@ -184,16 +205,23 @@ def main(argv=None) -> int:
     cfg0 = method_config(args, [], args.seeds[0])
     sets = heldout_sets(",".join(SETS), args.n, None)
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
+    design, out_json = same_design(args), os.path.join(args.out, "results.json")
+    done = finished_runs(out_json, design) if args.resume else {}
     results: dict[str, list[dict]] = {}
     t0 = time.perf_counter()
     for name, flags in args.method_flags.items():
         for seed in args.seeds:
+            kept = [r for r in done.get(name, []) if r["seed"] == seed]
+            if kept:
+                print(f"{name} seed {seed}: kept from {out_json}", flush=True)
+                results.setdefault(name, []).append(kept[0])
+                continue
             cfg = method_config(args, flags, seed)
             run = run_method(cfg, os.path.join(args.out, name, f"seed{seed}"), sets)
             results.setdefault(name, []).append({"seed": seed, **run})
             # written after every run: an interrupted experiment keeps what it finished
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump({"args": {k: v for k, v in vars(args).items()}, "stages": STAGES,
+            with open(out_json, "w") as f:
+                json.dump({"args": vars(args), "design": design, "stages": STAGES,
                            "sets": SETS, "metric": METRIC, "base": base,
                            "results": results}, f, indent=2)
             R = matrix(results[name][-1])
