@@ -72,7 +72,8 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     len(sampled) samples).
 
     accuracy: right final number by any extraction rule; strict: right and in the asked
-    `Answer: N` final-line format; format_rate: share in that format; pass@1, pass@K over the
+    `Answer: N` final-line format; format_rate: share in that format; tagged_accuracy and
+    tag_rate: the same with the asked tag anywhere, not only last; pass@1, pass@K over the
     sampled questions (`pass_n` of them).
     """
     answers, styles = [s["answer"] for s in samples], [s.get("style") for s in samples]
@@ -85,6 +86,9 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
         "accuracy": sum(r.score for r in results) / n,
         "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
         "format_rate": sum(r.format_score == 1.0 for r in results) / n,
+        # the asked style's tag anywhere (an answer line the policy has not learnt to end on)
+        "tagged_accuracy": sum(r.score * (r.format_score >= 0.5) for r in results) / n,
+        "tag_rate": sum(r.format_score >= 0.5 for r in results) / n,
         "n": n,
         "mean_completion_tokens": sum(lengths) / n,
         "errors": sum(r.error is not None for r in results),

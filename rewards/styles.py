@@ -1,7 +1,9 @@
 """Answer styles: the final line a prompt asks for, and the check that pays the format bonus.
 
 A sample may carry `"style"` (default "answer"); its prompt ends with the style's instruction
-and its format score (and so strict accuracy) is 1.0 only for a last line in that style.
+and its format score (and so strict accuracy) is 1.0 only for a last line in that style, 0.5 for
+that style's tag elsewhere, 0.25 for another style's tag: a policy that has not yet learnt to
+stop after the answer line is still paid more for the tag it was asked for.
 Correctness does not depend on the style: the answer is extracted by any rule
 (`rewards.parsing`), so a right number in another style is right but not strict.
 
@@ -26,21 +28,26 @@ class AnswerStyle:
     """appended to the question in the prompt"""
     final_line: re.Pattern
     """the last non-empty line of a completion in this style"""
+    tag: re.Pattern
+    """this style's answer tag anywhere in a completion"""
 
 
 STYLES = {
     "answer": AnswerStyle(
         "answer",
         "Solve the problem. End your reply with a final line of the form 'Answer: <number>'.",
-        re.compile(rf"(?i)^answer:[ \t]*{_NUMBER}\.?$")),
+        re.compile(rf"(?i)^answer:[ \t]*{_NUMBER}\.?$"),
+        re.compile(r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
     "hash": AnswerStyle(
         "hash",
         "Solve the problem. End your reply with a final line of the form '#### <number>'.",
-        re.compile(rf"^####[ \t]*{_NUMBER}\.?$")),
+        re.compile(rf"^####[ \t]*{_NUMBER}\.?$"),
+        re.compile(r"####[ \t]*\S")),
     "boxed": AnswerStyle(
         "boxed",
         "Solve the problem. End your reply with a final line of the form '\\boxed{<number>}'.",
-        re.compile(rf"^\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}\.?$")),
+        re.compile(rf"^\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}\.?$"),
+        re.compile(r"\\(?:boxed|fbox)\s*\{\s*[^\s{}]")),
 }
 DEFAULT_STYLE = "answer"
 

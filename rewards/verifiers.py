@@ -94,14 +94,17 @@ def format_score(text: str, style: str | None = None) -> float:
 
     1.0: the last non-empty line is in the answer style asked for (`rewards.styles`; by
     default `ANSWER_FORMAT`, "Answer: <number>").
-    0.5: an explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``) is present elsewhere.
+    0.5: the asked style's tag is present elsewhere (an answer line followed by more text).
+    0.25: only another explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``).
     0.0: no tagged answer at all.
     """
-    stripped = text.strip()
+    stripped, asked = text.strip(), get_style(style)
     last_line = stripped.rsplit("\n", 1)[-1].strip()
-    if get_style(style).final_line.match(last_line):
+    if asked.final_line.match(last_line):
         return 1.0
-    return 0.5 if has_tagged_answer(stripped) else 0.0
+    if asked.tag.search(stripped):
+        return 0.5
+    return 0.25 if has_tagged_answer(stripped) else 0.0
 
 
 def _symbolic_safe(expr: str) -> bool:

@@ -98,18 +98,22 @@ def test_cl_summary_on_a_hand_made_matrix():
 
 def test_forgetting_table_reads_the_matrices_it_is_given():
     """tools.experiments.forgetting's table: stage-1 loss, BWT and the kept share, per method,
-    mean and range over seeds, from hand-made scores (strict accuracy after each stage)."""
-    from tools.experiments.forgetting import METRIC, SETS, matrix, table
+    mean and range over seeds, from hand-made scores (tagged accuracy after each stage; plain
+    accuracy held at 0.9 to show the table reads the metric it is asked for)."""
+    from tools.experiments.forgetting import METRICS, SETS, matrix, table
+    METRIC = METRICS[0]
 
     def run(rows, wall_s=600.0, peak=3.0):
-        return {"after": [{s: {METRIC: x} for s, x in zip(SETS, row)} for row in rows],
+        return {"after": [{s: {METRIC: x, "accuracy": 0.9} for s, x in zip(SETS, row)}
+                          for row in rows],
                 "wall_s": wall_s, "peak_pss_gb": peak}
 
-    base = {s: {METRIC: 0.1} for s in SETS}
+    base = {s: {METRIC: 0.1, "accuracy": 0.9} for s in SETS}
     naive = [run([[0.6, 0.1, 0.1], [0.2, 0.7, 0.1], [0.1, 0.2, 0.8]]),
              run([[0.8, 0.1, 0.1], [0.4, 0.7, 0.1], [0.1, 0.2, 0.8]])]
-    assert matrix(naive[0])[1] == [0.2, 0.7, 0.1]
-    lines = table(base, {"naive": naive}).splitlines()
+    assert matrix(naive[0], METRIC)[1] == [0.2, 0.7, 0.1]
+    assert "| naive | 2 | 90.0 (90.0 to 90.0) |" in table(base, {"naive": naive}, "accuracy")
+    lines = table(base, {"naive": naive}, METRIC).splitlines()
     assert lines[2].startswith("| base | - | 10.0 | 10.0 | 10.0 |")
     cells = [c.strip() for c in lines[3].strip("|").split("|")]
     assert cells[:5] == ["naive", "2", "10.0 (10.0 to 10.0)", "20.0 (20.0 to 20.0)",

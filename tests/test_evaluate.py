@@ -59,7 +59,7 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
 
     samples = [{"question": f"q{i}", "answer": a} for i, a in enumerate(["5", "7", "9", "4"])]
     texts = ["2 + 3 = 5\nAnswer: 5",   # right, in format
-             "3 + 4 = 7",              # right, no final line: accuracy but not strict
+             "3 + 4 = 7\nAnswer: 7\nok",  # right, answer line not last: tagged but not strict
              "Answer: 8",              # wrong, in format
              "no idea"]                # wrong, no format
     sampled = [["Answer: 5"] * 8,                                  # 8 of 8 right
@@ -70,6 +70,8 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
     assert out["accuracy"] == pytest.approx(2 / 4)
     assert out["strict_accuracy"] == pytest.approx(1 / 4)
     assert out["format_rate"] == pytest.approx(2 / 4)
+    assert out["tagged_accuracy"] == pytest.approx(2 / 4)
+    assert out["tag_rate"] == pytest.approx(3 / 4)
     assert out["pass@1"] == pytest.approx((8 + 1 + 0 + 2) / 32)
     assert out["pass@8"] == pytest.approx(3 / 4)
     assert out["samples"] == 8 and out["n"] == 4 and out["mean_completion_tokens"] == 3

@@ -128,8 +128,8 @@ def test_verify_table(completion, reference, score, parsed, error):
         ("Answer: 42\nThanks!", 0.5),
         ("**Answer:** 42", 0.5),
         ("Answer: 42 apples", 0.5),
-        ("\\boxed{42}", 0.5),
-        ("#### 42", 0.5),
+        ("\\boxed{42}", 0.25),  # another style's tag than the asked "Answer:"
+        ("#### 42", 0.25),
         ("The answer is 42", 0.0),
         ("", 0.0),
     ],
@@ -140,7 +140,7 @@ def test_format_score(text, expected):
 
 def test_format_score_reported_by_verify_and_instruction_consistent():
     assert verify("Steps.\nAnswer: 5", "5").format_score == 1.0
-    assert verify("\\boxed{5}", "5").format_score == 0.5
+    assert verify("\\boxed{5}", "5").format_score == 0.25
     assert verify("5", "5").format_score == 0.0
     assert "Answer: <number>" in INSTRUCTION and ANSWER_FORMAT.match("Answer: 5")
 

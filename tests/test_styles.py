@@ -21,17 +21,20 @@ LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}"}
 @pytest.mark.parametrize("style", list(STYLES))
 def test_each_style_pays_full_format_only_for_its_own_final_line(style):
     for other, line in LINES.items():
-        want = 1.0 if other == style else 0.5  # another style's tag is a tagged answer elsewhere
+        want = 1.0 if other == style else 0.25  # another style's tag: a tagged answer
         assert format_score(WORKING + line, style) == want, (style, other)
         result = verify(WORKING + line, "7", style)
         assert result.score == 1.0 and result.format_score == want  # right in any style
+        # the tag followed by more text: half for the asked style's, a quarter for another's
+        assert format_score(WORKING + line + "\nMore text.", style) == (
+            0.5 if other == style else 0.25), (style, other)
     assert format_score(WORKING + "so 7", style) == 0.0
     assert get_style(style).instruction != get_style(None).instruction or style == "answer"
 
 
 def test_default_style_is_the_answer_line_and_unknown_styles_are_refused():
     assert format_score("Answer: 7") == format_score("Answer: 7", "answer") == 1.0
-    assert format_score("#### 7") == 0.5
+    assert format_score("#### 7") == 0.25
     assert get_style(None).instruction == INSTRUCTION
     with pytest.raises(ValueError, match="allowed: answer, hash, boxed"):
         get_style("latex")
@@ -44,7 +47,7 @@ def test_the_verifier_pool_checks_each_item_against_its_own_style():
         results = pool.score(texts, ["7", "7", "8"], styles=["hash", None, "boxed"])
         with pytest.raises(ValueError, match="2 styles"):
             pool.score(texts, ["7"] * 3, styles=["hash", None])
-    assert [(r.score, r.format_score) for r in results] == [(1.0, 1.0), (1.0, 0.5), (0.0, 1.0)]
+    assert [(r.score, r.format_score) for r in results] == [(1.0, 1.0), (1.0, 0.25), (0.0, 1.0)]
 
 
 def test_styled_tasks_carry_their_style_and_default_tasks_none():

@@ -10,8 +10,10 @@
 
 The stages (default `STAGES`) ask for the same kind of problem with a different final answer
 line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then "#### N"): a policy trained
-on one answer line drifts to it on every prompt, so stage 1's strict accuracy (right *and* in
-the asked line) is what plain sequential training loses. A method is a set of `launch.train`
+on one answer line drifts to it on every prompt, so stage 1's tagged accuracy (right *and*
+with the asked answer tag; `--metric strict_accuracy`: the tag on the last line, which the
+embedded model barely learns in 30 steps: it writes the line and goes on) is what plain
+sequential training loses. A method is a set of `launch.train`
 flags (`METHODS`; `--ewc-lams` adds EWC arms on a log grid). For every method and seed: train
 the curriculum (a local Ray cluster, the real driver), save the policy after each stage and
 score it greedily on every stage's held-out set. Writes OUT/results.json (every matrix),
@@ -39,7 +41,8 @@ from tools.experiments.cl_metrics import summarize
 
 STAGES = ("arith:1:{n}", "arith:1:{n}:boxed", "arith:1:{n}:hash")
 SETS = ("arith-1", "arith-1-boxed", "arith-1-hash")  # stage j's held-out set
-METRIC = "strict_accuracy"  # right and in the stage's answer line: what interference takes
+METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
+SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
 METHODS = {
     "naive": [],
     "replay": ["--curriculum.replay", "0.25"],
@@ -60,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=150, help="held-out problems per stage set")
     p.add_argument("--quick", action="store_true",
                    help="a smaller check: seed 0, naive and replay, 20 steps a stage, 60 problems")
+    p.add_argument("--metric", default=METRICS[0], choices=METRICS,
+                   help="the table's and plot's metric (results.json keeps them all; "
+                        "--resume re-tables finished runs without training)")
     p.add_argument("--out", default="runs/forgetting", help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="keep the (method, seed) runs OUT/results.json already holds for the "
@@ -97,7 +103,7 @@ def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
     out = {}
     for name, samples in sets.items():
         res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
-        out[name] = {k: res[k] for k in ("accuracy", "strict_accuracy", "format_rate")}
+        out[name] = {k: res[k] for k in SCORES}
     return out
 
 
@@ -124,7 +130,8 @@ def run_method(cfg, run_dir: str, sets: dict) -> dict:
 def same_design(args) -> dict:
     """What must match for a saved run to be reused by --resume."""
     return {"preset": args.preset, "stage_steps": args.stage_steps, "n": args.n,
-            "stages": list(STAGES), "sets": list(SETS), "train_flags": list(args.train_flags)}
+            "stages": list(STAGES), "sets": list(SETS), "train_flags": list(args.train_flags),
+            "scores": list(SCORES), "format_levels": [1.0, 0.5, 0.25, 0.0]}
 
 
 def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
@@ -138,7 +145,7 @@ def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
     return saved.get("results", {}) if saved.get("design") == design else {}
 
 
-def matrix(run: dict, metric: str = METRIC) -> list[list[float]]:
+def matrix(run: dict, metric: str) -> list[list[float]]:
     """R[i][j]: `metric` on stage j's set after training stage i."""
     return [[a[s][metric] for s in SETS] for a in run["after"]]
 
@@ -152,17 +159,18 @@ def mean_range(vals: list[float], scale: float = 100.0, fmt: str = "{:.1f}") -> 
         else fmt.format(m)
 
 
-def table(base: dict, results: dict) -> str:
-    """Markdown: one row per method, mean (range) over seeds, in points of strict accuracy."""
-    b = [base[s][METRIC] for s in SETS]
+def table(base: dict, results: dict, metric: str) -> str:
+    """Markdown: one row per method, mean (range) over seeds, in points of `metric`."""
+    b = [base[s][metric] for s in SETS]
     head = ["method", "seeds", *(f"final {s}" for s in SETS), "ACC", "BWT", "FWT",
             "stage-1 lost", "stage-1 gain kept", "wall min", "peak GiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines.append("| base | - | " + " | ".join(f"{100 * x:.1f}" for x in b)
                  + " | - | - | - | - | - | - | - |")
     for name, runs in results.items():
-        cl = [summarize(matrix(r), b) for r in runs]
-        finals = [mean_range([matrix(r)[-1][j] for r in runs]) for j in range(len(SETS))]
+        cl = [summarize(matrix(r, metric), b) for r in runs]
+        finals = [mean_range([matrix(r, metric)[-1][j] for r in runs])
+                  for j in range(len(SETS))]
         cells = [name, str(len(runs)), *finals,
                  mean_range([c.acc for c in cl]), mean_range([c.bwt for c in cl]),
                  mean_range([c.fwt for c in cl]), mean_range([c.forgot_first for c in cl]),
@@ -173,8 +181,8 @@ def table(base: dict, results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(base: dict, results: dict, path: str) -> None:
-    """One panel per method: each stage set's strict accuracy at base and after each stage
+def plot(base: dict, results: dict, path: str, metric: str) -> None:
+    """One panel per method: each stage set's `metric` at base and after each stage
     (mean over seeds, the seeds' range shaded)."""
     import matplotlib
 
@@ -185,7 +193,7 @@ def plot(base: dict, results: dict, path: str) -> None:
     x = list(range(len(SETS) + 1))
     for ax, (name, runs) in zip(axes[0], results.items()):
         for j, s in enumerate(SETS):
-            ys = [[base[s][METRIC]] + [row[j] for row in matrix(r)] for r in runs]
+            ys = [[base[s][metric]] + [row[j] for row in matrix(r, metric)] for r in runs]
             mean = [100 * statistics.mean(v) for v in zip(*ys)]
             ax.plot(x, mean, marker="o", label=s)
             ax.fill_between(x, [100 * min(v) for v in zip(*ys)],
@@ -193,7 +201,7 @@ def plot(base: dict, results: dict, path: str) -> None:
         ax.set_title(f"{name} ({len(runs)} seed(s))")
         ax.set_xticks(x, ["base", *(f"after {i + 1}" for i in range(len(SETS)))])
         ax.set_ylim(0, 100)
-        ax.set_ylabel("strict accuracy %")
+        ax.set_ylabel(f"{metric} %")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -222,15 +230,16 @@ def main(argv=None) -> int:
             # written after every run: an interrupted experiment keeps what it finished
             with open(out_json, "w") as f:
                 json.dump({"args": vars(args), "design": design, "stages": STAGES,
-                           "sets": SETS, "metric": METRIC, "base": base,
+                           "sets": SETS, "metric": args.metric, "base": base,
                            "results": results}, f, indent=2)
-            R = matrix(results[name][-1])
-            print(f"{name} seed {seed}: {METRIC} after each stage (rows) on {', '.join(SETS)}: "
+            R = matrix(results[name][-1], args.metric)
+            print(f"{name} seed {seed}: {args.metric} after each stage (rows) on "
+                  f"{', '.join(SETS)}: "
                   f"{[[round(100 * x, 1) for x in row] for row in R]}", flush=True)
-    md = table(base, results)
+    md = table(base, results, args.metric)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(md + "\n")
-    plot(base, results, os.path.join(args.out, "stages.png"))
+    plot(base, results, os.path.join(args.out, "stages.png"), args.metric)
     print(f"\nforgetting: {args.preset}, 3 x {args.stage_steps} steps, {args.n} held-out "
           f"problems per stage, {len(args.seeds)} seed(s), wall "
           f"{(time.perf_counter() - t0) / 60:.1f} min; {args.out}/table.md, stages.png")
