@@ -15,7 +15,8 @@ processes map) count once in total. Per process (bytes):
 * base weights W = params x bytes(model.dtype). When the stored file already has that dtype
   the learner and the HF workers map it and share its pages (W / sharers each); otherwise
   each converts into a private copy (W each). A vLLM engine loads its own copy.
-* HF worker with LoRA: the merged copies of the adapted linears (the base stays the shared file).
+* HF worker with LoRA: the merged copies of the adapted linears (the base stays the shared file);
+  for a base converted from a bf16 file, bf16 W0 of the adapted linears (merged in place).
 * learner: LoRA params + grads + AdamW moments, fp32 (16 B each; full FT: every parameter,
   plus an fp32 master copy if the body is not fp32); the step's activations of one micro-batch
   (ACT_OVERHEAD x one layer's working set x tokens x layers, calibrated on cpu-demo); one chunk
@@ -119,7 +120,10 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
                          2 * _adapted_linear_params(cfg, s) * 4.0))
         return rows
     rows.append(("base weights", weights_each))
-    if cfg.lora.mode != "full":
+    if cfg.lora.mode != "full" and nbytes == 4 and s.dtype in ("bfloat16", "bf16"):
+        # converted from a bf16 file: W0 kept as bf16, merged in place (actors/weights.py)
+        rows.append(("bf16 W0 of the adapted linears", _adapted_linear_params(cfg, s) * 2.0))
+    elif cfg.lora.mode != "full":
         rows.append(("merged LoRA linears", _adapted_linear_params(cfg, s) * float(nbytes)))
     rows += [(f"KV cache ({seqs} seqs x {tokens} tokens)",
               float(kv_cache_bytes(s, seqs, tokens, nbytes))),

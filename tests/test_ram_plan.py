@@ -59,6 +59,9 @@ def test_a_file_stored_in_another_dtype_is_a_private_copy_in_every_process():
     bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
     rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=2), bf16_file)}
     assert rows[("learner", "base weights")] == rows[("rollout-0", "base weights")] == 1448 * 4
+    # the worker keeps W0 of the adapted linears as bf16 and merges in place (actors/weights.py)
+    assert rows[("rollout-0", "bf16 W0 of the adapted linears")] == TOY.linear_params() * 2
+    assert ("rollout-0", "merged LoRA linears") not in rows
 
 
 def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():

@@ -9,7 +9,7 @@
     python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
 The stages (default `STAGES`) ask for the same kind of problem with a different final answer
-line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then "#### N"): a policy trained
+line each (`rewards.styles`: "\\boxed{N}", then "#### N", then "Answer: N"): a policy trained
 on one answer line drifts to it on every prompt, so stage 1's tagged accuracy (right *and*
 with the asked answer tag; `--metric strict_accuracy`: the tag on the last line, which the
 embedded model barely learns in 30 steps: it writes the line and goes on) is what plain
@@ -39,8 +39,10 @@ from launch.evaluate import evaluate, heldout_sets, load_for_eval
 from launch.train import Trainer
 from tools.experiments.cl_metrics import summarize
 
-STAGES = ("arith:1:{n}", "arith:1:{n}:boxed", "arith:1:{n}:hash")
-SETS = ("arith-1", "arith-1-boxed", "arith-1-hash")  # stage j's held-out set
+# boxed first: measured (README), "Answer: N" (the instruction-tuned model's own habit) survived
+# later stages, while "\boxed{N}" lost half its gain to a "#### N" stage
+STAGES = ("arith:1:{n}:boxed", "arith:1:{n}:hash", "arith:1:{n}")
+SETS = ("arith-1-boxed", "arith-1-hash", "arith-1")  # stage j's held-out set
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
 SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
 METHODS = {
