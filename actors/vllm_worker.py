@@ -124,7 +124,7 @@ class VLLMRolloutWorker(RolloutWorker):
             env = os.environ.get("HOMERL_VLLM_LORA", "")
             lora_merge = env == "merge" if env in ("merge", "adapter") else not cuda_available()
         self.lora_merge = lora_merge
-        self.base: dict = {}  # HF name -> fp32 W0 of merged modules (merge mode)
+        self.base: dict = {}  # HF name -> W0 of merged modules (merge mode): file pages
         self.merged: dict = {}  # HF name -> reused output buffer of W0 + s B A (merge mode)
         self.base_override: dict | None = None  # the last full update, W0 for later merges
         configure_env(cfg, name)
@@ -222,15 +222,21 @@ class VLLMRolloutWorker(RolloutWorker):
                 # output per push cost ~0.5 s of page faults (first touch) on its own.
                 out = self.merged.get(name)
                 if out is None:
-                    out = self.merged[name] = torch.empty_like(w)
-                w = torch.addmm(w, b, a, alpha=scale, out=out)
+                    out = self.merged[name] = torch.empty(w.shape, dtype=torch.float32)
+                if w.dtype == torch.float32:
+                    w = torch.addmm(w, b, a, alpha=scale, out=out)
+                else:  # a bf16 file's W0: widened exactly, then the update added
+                    w = out.copy_(w).addmm_(b, a, alpha=scale)
             weights[name] = w
         self.engine.load_weights(weights)
 
     def _ensure_base(self, names: set[str]) -> None:
-        """Read the W0 tensors `names` (fp32) from the last full update or the checkpoint."""
+        """The W0 tensors `names`: fp32 from the last full update, else the checkpoint's as
+        copy-on-write maps of its files (`common.mmap_weights`), in the stored dtype: pages
+        the learner's loaded model shares, not a private fp32 copy."""
         import torch
-        from safetensors import safe_open
+
+        from common.mmap_weights import mmap_tensors
 
         missing = set(names) - set(self.base)
         if self.base_override is not None:
@@ -245,9 +251,7 @@ class VLLMRolloutWorker(RolloutWorker):
 
             root = Path(snapshot_download(self.path, allow_patterns=["*.safetensors"]))
         for f in sorted(root.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as h:
-                for k in missing & set(h.keys()):
-                    self.base[k] = h.get_tensor(k).float()
+            self.base.update(mmap_tensors(str(f), missing))
         missing -= set(self.base)
         if missing:
             raise ValueError(f"LoRA update names {sorted(missing)[0]}, which {self.path} lacks")

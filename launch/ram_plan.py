@@ -22,7 +22,9 @@ processes map) count once in total. Per process (bytes):
   (ACT_OVERHEAD x one layer's working set x tokens x layers, calibrated on cpu-demo); one chunk
   of LM-head logits.
 * rollout: the HF worker's KV cache of its sequences in the model dtype and two (seqs x vocab)
-  fp32 logit rows per decode step; vLLM's KV cache space as sized by the worker.
+  fp32 logit rows per decode step; vLLM's KV cache space as sized by the worker; a merging vLLM
+  worker's fp32 merge buffers and its share of W0 of the adapted linears (file pages it maps,
+  shared with the learner's mapping when the file is stored in the run dtype).
 
 Prompts are planned at PROMPT_TOKENS of the task (the chat template included), not at
 rollout.max_prompt_tokens: the worst case would overstate a 60-token arithmetic prompt 4x.
@@ -116,8 +118,9 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
                  ("vLLM weights (own copy)", s.params * float(nbytes)),
                  ("vLLM KV cache space", float(kv))]
         if cfg.lora.mode != "full":
-            rows.append(("W0 and merge buffers of the adapted linears",
-                         2 * _adapted_linear_params(cfg, s) * 4.0))
+            adapted = _adapted_linear_params(cfg, s)
+            rows += [("merge buffers of the adapted linears, fp32", adapted * 4.0),
+                     ("W0 of the adapted linears (file pages)", _vllm_w0_each(cfg, s))]
         return rows
     rows.append(("base weights", weights_each))
     if cfg.lora.mode != "full" and nbytes == 4 and s.dtype in ("bfloat16", "bf16"):
@@ -131,6 +134,19 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
     return rows
 
 
+def _file_shared_with_learner(cfg: Config, s: Shapes) -> bool:
+    """The learner maps the model file (stored in the run dtype, not quantised)."""
+    stored_as_run = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[run_dtype(cfg)]
+    return stored_as_run and cfg.lora.mode != "qlora"
+
+
+def _vllm_w0_each(cfg: Config, s: Shapes) -> float:
+    """A merging vLLM worker's share of the adapted linears' W0: pages of the file
+    (`common.mmap_weights`) shared by every vLLM worker and, when it maps them, the learner."""
+    stored = _adapted_linear_params(cfg, s) * float(DTYPE_BYTES.get(s.dtype, 4))
+    return stored / (cfg.rollout.num_workers + _file_shared_with_learner(cfg, s))
+
+
 def budget(cfg: Config, shapes: Shapes | None = None) -> list[tuple[str, str, float]]:
     """[(process, component, bytes)] of a CPU run: driver, learner, each rollout worker."""
     s = shapes or model_shapes(cfg.model.name)
@@ -140,8 +156,13 @@ def budget(cfg: Config, shapes: Shapes | None = None) -> list[tuple[str, str, fl
     mapped = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[dtype]  # stored as run: file pages
     sharers = 1 + (ro.num_workers if ro.engine == "hf" else 0)
     each = weights / sharers if mapped and cfg.lora.mode != "qlora" else weights
+    learner_each = each
+    if ro.engine == "vllm" and cfg.lora.mode == "lora" and _file_shared_with_learner(cfg, s):
+        # the vLLM workers map the adapted linears' pages too: the learner's share shrinks
+        adapted = _adapted_linear_params(cfg, s) * float(DTYPE_BYTES[dtype])
+        learner_each = each - adapted + adapted / (1 + ro.num_workers)
     rows = [("driver", "runtime (imports)", DRIVER_RUNTIME)]
-    rows += [("learner", name, v) for name, v in learner_rows(cfg, s, each)]
+    rows += [("learner", name, v) for name, v in learner_rows(cfg, s, learner_each)]
     for i in range(ro.num_workers):
         rows += [(f"rollout-{i}", name, v) for name, v in worker_rows(cfg, s, each)]
     return rows

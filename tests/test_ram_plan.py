@@ -80,8 +80,17 @@ def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():
 def test_a_vllm_worker_holds_its_own_weights_and_engine():
     rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=1, engine="vllm"), TOY)}
     assert rows[("rollout-0", "vLLM weights (own copy)")] == 1448 * 4
-    assert rows[("learner", "base weights")] == 1448 * 4  # no HF worker shares its file
+    # W0 of the adapted linears: file pages the worker maps beside the learner, half each
+    adapted = TOY.linear_params() * 4
+    assert rows[("rollout-0", "W0 of the adapted linears (file pages)")] == adapted / 2
+    assert rows[("rollout-0", "merge buffers of the adapted linears, fp32")] == adapted
+    assert rows[("learner", "base weights")] == 1448 * 4 - adapted / 2  # no HF worker maps it
     assert ("rollout-0", "merged LoRA linears") not in rows
+    # a bf16 file: the fp32 learner holds a private copy, the worker maps the bf16 pages alone
+    bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
+    rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=2, engine="vllm"), bf16_file)}
+    assert rows[("learner", "base weights")] == 1448 * 4
+    assert rows[("rollout-1", "W0 of the adapted linears (file pages)")] == adapted / 2 / 2
 
 
 def test_check_refuses_in_one_line_naming_the_largest_consumer():

@@ -269,3 +269,27 @@ def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path,
     assert [r["rollout/version"] for r in rows] == [0, 0, 1]  # max_staleness 1
     assert [r["weights/version"] for r in rows] == [1, 2, 3] and versions == [3]
     assert all(r["rollout/tokens"] > 0 and np.isfinite(r["loss/policy"]) for r in rows)
+
+
+def test_a_bf16_checkpoint_merges_from_its_mapped_pages_as_the_hf_worker_does(
+        model_path, tmp_path):
+    """A base stored in bf16: the merging vLLM worker keeps W0 as the file's bf16 pages
+    (`common.mmap_weights`), not a private fp32 copy, and serves what the fp32 HF worker
+    (which keeps a bf16 W0 and merges in place) computes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(model_path).to(torch.bfloat16).save_pretrained(path)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(path)
+    w = VLLMRolloutWorker(make_cfg(path), name="rollout-2", lora_merge=True)
+    try:
+        hf_bf16 = HFRolloutWorker(make_cfg(path), name="hf-1")
+        payload = lora_payload(hf_bf16, 1)
+        w.set_weights(payload, 1)
+        hf_load(hf_bf16, payload)
+        assert w.base and all(t.dtype == torch.bfloat16 for t in w.base.values())
+        assert all(t.dtype == torch.bfloat16 for t in hf_bf16.weights.base.values())
+        batch = w.generate(RolloutCall(PROMPTS, G, Sampling(seed=5, temperature=0.7)))
+        assert max_diff(batch.logprobs, hf_stats(hf_bf16, batch, 0.7)[0]) < ATOL
+    finally:
+        w.shutdown()
