@@ -142,3 +142,12 @@ def test_forgetting_resume_keeps_only_runs_of_the_same_design(tmp_path):
     path.write_text('{"design": ')  # torn by a kill mid-write
     assert finished_runs(str(path), design) == {}
     assert finished_runs(str(tmp_path / "none.json"), design) == {}
+
+
+def test_forgetting_starts_a_run_that_is_not_kept_in_an_empty_directory(tmp_path):
+    from tools.experiments.forgetting import fresh_dir
+
+    old = tmp_path / "naive" / "seed0"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 0}\n')  # an interrupted run's rows
+    assert fresh_dir(str(old)) == str(old) and not old.exists()

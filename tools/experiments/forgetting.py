@@ -9,7 +9,7 @@
     python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
 The stages (default `STAGES`) ask for the same kind of problem with a different final answer
-line each (`rewards.styles`: "\\boxed{N}", then "#### N", then "Answer: N"): a policy trained
+line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then "#### N"): a policy trained
 on one answer line drifts to it on every prompt, so stage 1's tagged accuracy (right *and*
 with the asked answer tag; `--metric strict_accuracy`: the tag on the last line, which the
 embedded model barely learns in 30 steps: it writes the line and goes on) is what plain
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -39,10 +40,10 @@ from launch.evaluate import evaluate, heldout_sets, load_for_eval
 from launch.train import Trainer
 from tools.experiments.cl_metrics import summarize
 
-# boxed first: measured (README), "Answer: N" (the instruction-tuned model's own habit) survived
-# later stages, while "\boxed{N}" lost half its gain to a "#### N" stage
-STAGES = ("arith:1:{n}:boxed", "arith:1:{n}:hash", "arith:1:{n}")
-SETS = ("arith-1-boxed", "arith-1-hash", "arith-1")  # stage j's held-out set
+# "Answer: N" first (README, "Forgetting"): started on "\boxed{N}", seed 0 learnt the sums but
+# no answer tag at all in 30 steps (the bonus needs working above the line; tagged accuracy 0)
+STAGES = ("arith:1:{n}", "arith:1:{n}:boxed", "arith:1:{n}:hash")
+SETS = ("arith-1", "arith-1-boxed", "arith-1-hash")  # stage j's held-out set
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
 SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
 METHODS = {
@@ -127,6 +128,13 @@ def run_method(cfg, run_dir: str, sets: dict) -> dict:
         trainer.shutdown()
     return {"after": after, "wall_s": time.perf_counter() - t0,
             "peak_pss_gb": max((r.get(M.PEAK_PSS_GB, 0.0) for r in rows), default=0.0)}
+
+
+def fresh_dir(path: str) -> str:
+    """`path`, emptied: a run that is not kept starts again, and the trainer would append its
+    rows to an interrupted run's metrics.jsonl."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def same_design(args) -> dict:
@@ -227,7 +235,7 @@ def main(argv=None) -> int:
                 results.setdefault(name, []).append(kept[0])
                 continue
             cfg = method_config(args, flags, seed)
-            run = run_method(cfg, os.path.join(args.out, name, f"seed{seed}"), sets)
+            run = run_method(cfg, fresh_dir(os.path.join(args.out, name, f"seed{seed}")), sets)
             results.setdefault(name, []).append({"seed": seed, **run})
             # written after every run: an interrupted experiment keeps what it finished
             with open(out_json, "w") as f:
