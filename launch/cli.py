@@ -157,6 +157,11 @@ def resolve_run(argv=None) -> tuple[Config, str, bool]:
         print(f"launch.train: error: {flag} {run_dir}: {why}", file=sys.stderr)
         raise SystemExit(2)
     if args.resume is None:
+        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):  # never append to a run
+            print(f"launch.train: error: --run-dir {run_dir} already holds a run (metrics.jsonl):"
+                  f" continue it with --resume {run_dir}, or pick another --run-dir",
+                  file=sys.stderr)
+            raise SystemExit(2)
         return cfg, run_dir, False
     path = os.path.join(args.resume, "config.json")
     if not os.path.exists(path):

@@ -38,7 +38,9 @@ SHARED_CPUS = 4
 def ray_cluster():
     """The shared local cluster (see the module docstring)."""
     if not ray.is_initialized():
-        ray.init(num_cpus=SHARED_CPUS, include_dashboard=False)
+        # address="local": always a new cluster of this process's own, never one that another
+        # test (or a driver that a test started) left behind and `ray.init()` would try to join
+        ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
     yield
 
 
@@ -51,6 +53,30 @@ def own_ray():
     yield
     if ray.is_initialized():
         ray.shutdown()
+
+
+# The slowest tests (30-100 s each, from the `--durations` list) run first: `make test` splits
+# the suite over two processes (pytest-xdist hands tests out as processes free up), and a long
+# test handed out last would leave one process idle while the other finishes it.
+SLOW_FIRST = (
+    "test_job_submit.py::test_job_submit_survives_a_killed_learner",
+    "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
+    "test_app_browser.py::",
+    "test_webapp.py::test_start_stop_resume_a_real_run_keeps_one_row_per_step",
+    "test_train.py::test_resume_reproduces_uninterrupted_run",
+    "test_faults.py::test_hung_worker_times_out_and_is_replaced",
+    "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
+    "test_webapp.py::test_under_a_dashboard_address_start_submits_a_ray_job",
+    "test_models.py::test_embedded_smollm2_converts_once_and_chats",
+)
+
+
+def _slow_rank(item) -> int:
+    return next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid), len(SLOW_FIRST))
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_slow_rank)  # stable: the rest keep their file order
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -57,6 +57,9 @@ def app_url(tmp_path, own_ray, tiny_llama):
                             + (tmp_path / "app.log").read_text())
             time.sleep(0.5)
     yield url
+    # shown by pytest only when the test failed: what the app and its run's driver printed
+    for path in [tmp_path / "app.log", *sorted((tmp_path / "runs").glob("*/app.log"))]:
+        print(f"--- {path} (last 3000 chars) ---\n{path.read_text()[-3000:]}")
     for run in (tmp_path / "runs").glob("*/app.json"):  # no driver outlives the test
         pid = json.loads(run.read_text())["pid"]
         try:

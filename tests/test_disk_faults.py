@@ -114,6 +114,24 @@ def test_an_unwritable_run_dir_is_one_line_before_anything_starts(tmp_path):
                                    "not writable (a read-only file system)")
 
 
+def test_a_run_dir_holding_a_run_is_refused_unless_resumed(tmp_path):
+    """A second run into a run's directory would append to its metrics.jsonl (two runs mixed in
+    one curve): refused in one line, before any actor starts, and the run's files untouched."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    proc = subprocess.run([sys.executable, "-m", "launch.train", "--preset", "tiny",
+                           "--steps", "2", "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (f"launch.train: error: --run-dir {run} already holds a run "
+                                   f"(metrics.jsonl): continue it with --resume {run}, or pick "
+                                   "another --run-dir")
+    assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
 def test_a_run_dir_gone_read_only_skips_the_checkpoint_and_keeps_the_run(ray_cluster,
                                                                           small_disk):
     class ReadOnlyAt2(Trainer):

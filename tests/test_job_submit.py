@@ -56,7 +56,7 @@ def learner_pids(session: int) -> list[int]:
 def test_job_submit_survives_a_killed_learner(head_node, tmp_path):
     """SIGKILL the learner of a submitted job once 30 steps are logged (after the step-20
     checkpoint): the job still succeeds with every step logged once and the restart counted."""
-    run_dir, steps = tmp_path / "job-kill", 300
+    run_dir, steps = tmp_path / "job-kill", 120  # ~0.15 s a step: the kill lands mid-run
     cmd = job_cmd(head_node.address, run_dir, "--steps", str(steps),
                   "--run.checkpoint_every", "20")
     done: dict = {}
