@@ -272,7 +272,7 @@ def connect_for_eval(workers: int | None, threads: int) -> int:
         if address:
             ray.init(address=address)
         else:
-            ray.init(num_cpus=workers * threads, include_dashboard=False)
+            ray.init(address="local", num_cpus=workers * threads, include_dashboard=False)
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     return workers

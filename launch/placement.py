@@ -163,7 +163,11 @@ def connect(cfg: Config) -> DevicePlan:
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         else:
             need = r.learner_threads + r.num_workers * r.threads_per_worker
-            ray.init(num_cpus=need, include_dashboard=False, log_to_driver=True)
+            # "local": a cluster of this run's own, as the docstring says, not one that a
+            # `ray start` left in /tmp/ray/ray_current_cluster (Ray would join it and refuse
+            # num_cpus); a cluster is joined only when RAY_ADDRESS names it
+            ray.init(address="local", num_cpus=need, include_dashboard=False,
+                     log_to_driver=True)
     devices = plan_devices(cfg.model.device, ray.cluster_resources().get("GPU", 0),
                            r.num_workers)
     if devices.shared_card:

@@ -83,6 +83,19 @@ def clear_stop(run_dir: str) -> None:
         os.remove(os.path.join(run_dir, STOP_FILE))
 
 
+def write_json(path: str, obj) -> None:
+    """Write `path` whole or not at all (temp file + rename): the web app reads a run's
+    config.json while its driver rewrites it, and must never see it half-written."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 def default_run_dir() -> str:
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
 
@@ -93,8 +106,7 @@ class RunWriter:
     def __init__(self, run_dir: str, cfg_dict: dict, resume_step: int | None = None):
         self.dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(cfg_dict, f, indent=2)
+        write_json(os.path.join(run_dir, "config.json"), cfg_dict)
         if resume_step is not None:  # drop rows of steps the resumed run will redo
             for name in ("metrics.jsonl", "samples.jsonl"):
                 _truncate_jsonl(os.path.join(run_dir, name), resume_step)

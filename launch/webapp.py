@@ -156,8 +156,8 @@ def start_run(form: dict, root: str = "runs") -> str:
     cfg = check_form(form)
     run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
     os.makedirs(run_dir)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:  # the driver rewrites it
-        json.dump(cfg.to_dict(), f, indent=2)  # in the run lists at once, before Ray starts
+    # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
+    run_io.write_json(os.path.join(run_dir, "config.json"), cfg.to_dict())
     return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])
 
 

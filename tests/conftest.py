@@ -33,6 +33,14 @@ import ray
 
 SHARED_CPUS = 4
 
+# Under `pytest -n 2` (`make test`) each pytest process gets a Ray temp dir of its own:
+# ray.cluster_utils.Cluster writes its address to <temp>/ray/ray_current_cluster, where a plain
+# `ray.init(num_cpus=...)` in the other process (or a driver a test starts) would find it and try
+# to join that cluster ("num_cpus and num_gpus must not be provided"): a CI run failed so.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAY_TMPDIR"] = f"/tmp/r{os.environ['PYTEST_XDIST_WORKER']}"  # short: socket paths
+    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
+
 
 @pytest.fixture
 def ray_cluster():

@@ -41,7 +41,8 @@ def _poll(port: int, pattern: str, deadline_s: float = 30.0) -> re.Match:
 @pytest.fixture
 def ray_with_metrics(own_ray):
     port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, _metrics_export_port=port)
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             _metrics_export_port=port)
     yield port
     ray.shutdown()
 

@@ -97,7 +97,7 @@ def test_real_shaped_random_model_has_the_exact_shapes():
 
 @pytest.fixture
 def ray_with_a_declared_gpu(own_ray):
-    ray.init(num_cpus=3, num_gpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=3, num_gpus=1, include_dashboard=False)
     yield
 
 

@@ -211,3 +211,21 @@ def test_a_dead_wandb_turns_wandb_off_and_the_run_keeps_every_row(tmp_path):
     assert any(n.startswith("wandb") for n in out["names"]), out
     assert out["wandb"] and "Connection" in out["error"]
     assert out["steps"] == [0, 1, 2, 3]
+
+
+def test_config_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The web app reads config.json while the driver rewrites it (a CI run once read it empty):
+    a write that fails midway leaves the previous file whole and no temp file behind."""
+    path = str(tmp_path / "config.json")
+    run_io.write_json(path, {"run": {"steps": 40}})
+
+    def dies_midway(obj, f, **kw):
+        f.write('{"run": ')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(json, "dump", dies_midway)
+    with pytest.raises(OSError):
+        run_io.write_json(path, {"run": {"steps": 80}})
+    monkeypatch.undo()
+    assert json.loads(Path(path).read_text()) == {"run": {"steps": 40}}
+    assert os.listdir(tmp_path) == ["config.json"]

@@ -131,3 +131,31 @@ def test_overlong_rules_shape_the_train_batch(rule):
     centered = rewards - rewards.mean()
     want = centered / (rewards.std(ddof=1) + 1e-4)
     np.testing.assert_allclose(plan.advantages, want, rtol=1e-5)
+
+
+def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file(tmp_path):
+    """`ray start` (and ray.cluster_utils.Cluster) leave <RAY_TMPDIR>/ray/ray_current_cluster,
+    which a plain ray.init() joins: launch.train without RAY_ADDRESS must start its own cluster
+    all the same (it asks for num_cpus, which Ray refuses when joining, and the file may be
+    stale: here it names a port nothing listens on)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from launch import run_io
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: socket paths are capped
+    try:
+        (ray_tmp / "ray").mkdir()
+        (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
+        proc = subprocess.run([sys.executable, "-m", "launch.train", "--preset", "tiny",
+                               "--steps", "1", "--run-dir", str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": str(ray_tmp)})
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))] == [0]

@@ -136,5 +136,5 @@ def start_ray(num_cpus: int) -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     return True

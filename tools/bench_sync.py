@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout worker")
     args = p.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",")]
-    ray.init(num_cpus=max(counts) + 1, include_dashboard=False)
+    ray.init(address="local", num_cpus=max(counts) + 1, include_dashboard=False)
     try:
         for mode in args.modes.split(","):
             for n in counts:

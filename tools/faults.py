@@ -130,7 +130,8 @@ def main(argv=None) -> int:
         p.error(f"--at {args.at}: allowed 0 < at < --steps ({args.steps})")
     root = tempfile.mkdtemp(prefix="homerl-faults-")
     os.environ["TQDM_DISABLE"] = "1"  # one table, not 7 progress bars
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+             log_to_driver=False)
     clean = [run_once(args, None, os.path.join(root, f"clean-{i}"))["wall_s"]
              for i in range(args.clean_runs)]
     base = statistics.median(clean)
