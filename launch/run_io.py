@@ -30,7 +30,7 @@ from common.state_io import (
     rollout_to_state,
     save_state,
 )
-from common.types import RolloutBatch
+from common.types import RolloutBatch, RolloutSummary
 
 log = logging.getLogger("homerl.train")
 
@@ -323,3 +323,15 @@ def plot_curves(run_dir: str, rows: list[dict]) -> str | None:
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
+    """samples.jsonl rows: the completions whose text the workers sent back."""
+    rows = []
+    for i, text in zip(summary.sample_index or range(len(summary.sample_texts)),
+                       summary.sample_texts):
+        p = prompts[summary.prompt_index[i]]
+        rows.append({"question": p["question"], "answer": p["answer"], "completion": text,
+                     "reward": float(summary.rewards[i]), "correct": float(summary.correct[i]),
+                     "error": summary.reward_errors[i]})
+    return rows

@@ -83,18 +83,6 @@ def rollout_worker_class(cfg: Config):
     return VLLMRolloutWorker
 
 
-def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
-    """samples.jsonl rows: the completions whose text the workers sent back."""
-    rows = []
-    for i, text in zip(summary.sample_index or range(len(summary.sample_texts)),
-                       summary.sample_texts):
-        p = prompts[summary.prompt_index[i]]
-        rows.append({"question": p["question"], "answer": p["answer"], "completion": text,
-                     "reward": float(summary.rewards[i]), "correct": float(summary.correct[i]),
-                     "error": summary.reward_errors[i]})
-    return rows
-
-
 class Trainer:
     """Drives one run: owns the actors, the step loop and the run directory."""
 
@@ -210,6 +198,13 @@ class Trainer:
         self.engine_awake = event == "wake"
         self.card_log.append((event, k))
 
+    def drain(self) -> None:
+        """Wait for the rollouts in flight, kept for their steps (a caller that pauses its
+        clock next, like tools.bench_tta, gets no rollout work done while paused)."""
+        for slot in self.pending.values():
+            if not isinstance(slot.work, Rollout):
+                slot.work = self.pool.collect(slot.work)
+
     def _rollout(self, k: int) -> Slot:
         slot = self.pending.pop(k)
         if not isinstance(slot.work, Rollout):
@@ -289,7 +284,7 @@ class Trainer:
         self.writer.log(row)
         self.dash.record(row)
         if k % cfg.run.sample_every == 0:
-            self.writer.samples(k, sample_rows(summary, slot.prompts))
+            self.writer.samples(k, run_io.sample_rows(summary, slot.prompts))
         return row
 
     def checkpoint(self, step: int) -> float:

@@ -159,3 +159,22 @@ def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file(tmp_pa
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))] == [0]
+
+
+def test_drain_finishes_the_rollouts_in_flight_for_their_own_steps(ray_cluster, tmp_path):
+    """Trainer.drain (tools.bench_tta pauses its clock after it): the rollout already launched
+    for step 1 is collected, still of version 0, and step 1 trains on it without a new one."""
+    from launch.pool import Rollout
+
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.rollout.max_staleness = 3, 1
+    trainer = Trainer(cfg, str(tmp_path))
+    try:
+        trainer.step(0)
+        assert sorted(trainer.pending) == [1] and not isinstance(trainer.pending[1].work, Rollout)
+        trainer.drain()
+        assert isinstance(trainer.pending[1].work, Rollout)
+        row = trainer.step(1)
+        assert row["rollout/version"] == 0 and row["weights/version"] == 2
+    finally:
+        trainer.shutdown()

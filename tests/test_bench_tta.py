@@ -1,0 +1,35 @@
+"""tools.bench_tta's arithmetic: when a run is scored, the interpolated time to target, and the
+reward TRL gets (ours for the cpu-demo preset, the format bonus only after working)."""
+
+import pytest
+
+from tools.bench_tta import MARKS, Scorer, time_to_target, trl_reward
+
+
+def scorer(target=0.5, budget_s=200.0):
+    return Scorer([], target, budget_s, 8)
+
+
+def test_marks_stop_at_the_budget_and_each_is_used_once():
+    s = scorer(budget_s=100.0)
+    assert s.marks == [m for m in MARKS if m < 100] + [100.0]
+    assert not s.due(29.9) and s.due(30.0)
+    assert not s.record(65.0, 9, 0.1)  # below target, marks left: go on
+    assert s.marks == [90, 100.0] and not s.due(80.0) and s.due(91.0)
+    assert s.record(95.0, 12, 0.6)  # the target: stop
+    assert scorer(budget_s=40.0).record(41.0, 5, 0.1)  # the budget spent: stop
+
+
+def test_time_to_target_interpolates_from_the_point_before():
+    curve = [(30.0, 4, 0.20), (60.0, 8, 0.25), (90.0, 12, 0.35), (120.0, 16, 0.40)]
+    assert time_to_target(curve, 0.30, base=0.20) == pytest.approx(75.0)  # 0.25 -> 0.35
+    # reached at the first point: from the base model at 0 s, 0.20 -> 0.40 over 30 s
+    assert time_to_target([(30.0, 4, 0.40)], 0.30, base=0.20) == pytest.approx(15.0)
+    assert time_to_target([(30.0, 4, 0.40)], 0.30, base=0.45) == 30.0  # no slope: the point
+    assert time_to_target([(30.0, 4, 0.20), (60.0, 8, 0.29)], 0.30, base=0.2) is None
+
+
+def test_trl_gets_our_reward_with_the_bonus_only_after_working():
+    reward = trl_reward(0.5)
+    texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "3 + 4 = 8\nAnswer: 8", "so 7"]
+    assert reward(None, texts, ["7"] * 4) == [1.5, 1.0, 0.5, 1.0]
