@@ -3,7 +3,7 @@ reward TRL gets (ours for the cpu-demo preset, the format bonus only after worki
 
 import pytest
 
-from tools.bench_tta import MARKS, Scorer, time_to_target, trl_reward
+from tools.bench_tta import MARKS, Scorer, censored_median, time_to_target, trl_reward
 
 
 def scorer(target=0.5, budget_s=200.0):
@@ -33,3 +33,9 @@ def test_trl_gets_our_reward_with_the_bonus_only_after_working():
     reward = trl_reward(0.5)
     texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "3 + 4 = 8\nAnswer: 8", "so 7"]
     assert reward(None, texts, ["7"] * 4) == [1.5, 1.0, 0.5, 1.0]
+
+
+def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():
+    assert censored_median([20.0, None, 30.0]) == 30.0  # not 25: the miss is the longest
+    assert censored_median([20.0, None, None]) is None  # the median run never reached it
+    assert censored_median([40.0, 10.0, 20.0]) == 20.0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -210,11 +211,12 @@ def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
 
 
 # ---- report -----------------------------------------------------------------------------------
-def med_range(vals: list[float]) -> str:
-    if not vals:
-        return "never reached"
-    m = statistics.median(vals)
-    return f"{m:.0f} s ({min(vals):.0f}-{max(vals):.0f})" if len(vals) > 1 else f"{m:.0f} s"
+def censored_median(vals: list[float | None]) -> float | None:
+    """Median time to target, a run that never reached it counting as longer than any that
+    did; None when the median itself is such a run."""
+    times = sorted(math.inf if v is None else v for v in vals)
+    m = statistics.median(times) if times else math.inf
+    return None if math.isinf(m) else m
 
 
 def report(runs: list[dict], base: float, target: float, args) -> list[str]:
@@ -234,18 +236,20 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
                          + f", {x['steps']} steps, last accuracy {x['curve'][-1][2]:.3f}, "
                          f"setup {x['setup_s']:.0f} s")
         reached = [x["tta_s"] for x in mine if x["tta_s"] is not None]
-        medians[system] = statistics.median(reached) if len(reached) == len(mine) else None
-        lines.append(f"{system}: time to target, median (range): {med_range(reached)}"
-                     f" ({len(reached)} of {len(mine)} seeds reached it)")
-    if medians["ours"] and medians["trl"]:
+        medians[system] = censored_median([x["tta_s"] for x in mine])
+        spread = f" (range {min(reached):.0f}-{max(reached):.0f})" if reached else ""
+        med = "never reached" if medians[system] is None else f"{medians[system]:.0f} s"
+        lines.append(f"{system}: time to target, median {med}{spread}, {len(reached)} of "
+                     f"{len(mine)} seeds reached it (a miss counts as longer than any hit)")
+    if medians.get("ours") and medians.get("trl"):
         lines.append(f"ratio TRL/ours (median time to target): "
                      f"{medians['trl'] / medians['ours']:.2f}")
-    elif medians["ours"]:
+    elif medians.get("ours"):
         lines.append(f"ratio TRL/ours (median time to target): > "
-                     f"{args.budget_s / medians['ours']:.2f} (TRL missed the target in "
-                     f"{args.budget_s:.0f} s on some seed)")
+                     f"{args.budget_s / medians['ours']:.2f} (TRL's median run missed the target)")
     else:
-        lines.append("ratio TRL/ours (median time to target): n/a (ours missed the target)")
+        lines.append("ratio TRL/ours (median time to target): n/a (ours' median run missed "
+                     "the target)")
     return lines
 
 
