@@ -202,11 +202,13 @@ class Trainer:
         """Wait for the rollouts in flight, kept for their steps (a caller that pauses its
         clock next, like tools.bench_tta, gets no rollout work done while paused)."""
         for slot in self.pending.values():
-            if not isinstance(slot.work, Rollout):
-                slot.work = self.pool.collect(slot.work)
+            self._collect(slot)
 
     def _rollout(self, k: int) -> Slot:
-        slot = self.pending.pop(k)
+        return self._collect(self.pending.pop(k))
+
+    def _collect(self, slot: Slot) -> Slot:
+        """The slot with its rollout collected (a no-op once it has been)."""
         if not isinstance(slot.work, Rollout):
             slot.work = self.pool.collect(slot.work)
         return slot
