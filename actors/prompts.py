@@ -10,7 +10,7 @@ import numpy as np
 from common.memory import Footprint, footprint
 from common.types import RolloutBatch
 from rewards import format_prompt, instruction_for
-from rewards.shaping import combine, has_working
+from rewards.shaping import combine, format_bonus
 
 
 def encode_prompts(tokenizer, prompts: list[dict], limit: int):
@@ -63,9 +63,7 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
                                     styles=[prompts[i].get("style") for i in index])
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
-    bonus = fmt                    # (N,) what the format bonus pays for; metrics keep fmt
-    if worker.cfg.reward.format_needs_working:
-        bonus = fmt * np.array([has_working(t) for t in texts], dtype=np.float32)
+    bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working)  # metrics keep fmt
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,

@@ -35,6 +35,15 @@ def has_working(text: str) -> bool:
     return any(_DIGIT.search(ln) for ln in lines[:-1])
 
 
+def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool) -> np.ndarray:
+    """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
+    `needs_working` and a completion has no working before its last line (`has_working`)."""
+    if not needs_working:
+        return np.asarray(fmt, dtype=np.float32)
+    worked = np.array([has_working(t) for t in texts], dtype=np.float32)           # (N,)
+    return (np.asarray(fmt, dtype=np.float32) * worked).astype(np.float32)
+
+
 def combine(correct: np.ndarray, fmt: np.ndarray, weight: float,
             if_correct: bool = False) -> np.ndarray:
     """(N,) rewards from (N,) correctness in {0, 1} and (N,) format scores in [0, 1]:

@@ -18,6 +18,7 @@ Models are random and built in memory from a config: no test downloads anything.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,13 +43,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
 
 
-@pytest.fixture
-def ray_cluster():
-    """The shared local cluster (see the module docstring)."""
+def start_shared_cluster() -> None:
+    """Connect the shared local cluster, starting it if none is (see the module docstring)."""
     if not ray.is_initialized():
         # address="local": always a new cluster of this process's own, never one that another
         # test (or a driver that a test started) left behind and `ray.init()` would try to join
         ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
+
+
+@pytest.fixture
+def ray_cluster():
+    """The shared local cluster (see the module docstring)."""
+    start_shared_cluster()
     yield
 
 
@@ -214,10 +220,38 @@ def wait_for_dashboard(address: str, env: dict, head, attempts: int = 90) -> Non
 
 def submit(cmd, env, attempts: int = 20):
     """`ray job submit`, retried while the head's job agent is still starting (a loaded machine
-    can take a while after `ray start` returns); any other failure is returned at once."""
+    can take a while after `ray start` returns); any other failure is returned at once. The
+    result is the job's end: see `_follow_to_the_end`."""
     for _ in range(attempts):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
         if "No available agent to submit job" not in proc.stdout + proc.stderr:
-            return proc
+            return _follow_to_the_end(proc, cmd, env)
         time.sleep(3)
     return proc
+
+
+_JOB_ID = re.compile(r"raysubmit_\w+")
+_ENDED = ("succeeded", "failed", "was stopped")
+
+
+def _follow_to_the_end(proc, cmd, env, timeout_s: float = 600.0):
+    """`ray job submit` stops following the job's log when the dashboard closes the log
+    socket, which a loaded machine can do mid-run (Ray's CLI then exits 0 with the job still
+    RUNNING): in that case poll `ray job status` until the job ends and return its whole log
+    and final status line, with exit 0 only if it succeeded."""
+    job = _JOB_ID.search(proc.stdout)
+    if job is None or any(f"Job '{job.group()}' {w}" in proc.stdout for w in _ENDED):
+        return proc
+    address = cmd[cmd.index("--address") + 1]
+    ask = [RAY, "job", "status", "--address", address, job.group()]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = subprocess.run(ask, env=env, capture_output=True, text=True, timeout=120)
+        if any(f"Job '{job.group()}' {w}" in status.stdout for w in _ENDED):
+            break
+        time.sleep(2)
+    logs = subprocess.run([RAY, "job", "logs", "--address", address, job.group()], env=env,
+                          capture_output=True, text=True, timeout=120).stdout
+    ok = f"Job '{job.group()}' succeeded" in status.stdout
+    return subprocess.CompletedProcess(proc.args, 0 if ok else 1, logs + status.stdout,
+                                       proc.stderr + status.stderr)

@@ -39,3 +39,15 @@ def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():
     assert censored_median([20.0, None, 30.0]) == 30.0  # not 25: the miss is the longest
     assert censored_median([20.0, None, None]) is None  # the median run never reached it
     assert censored_median([40.0, 10.0, 20.0]) == 20.0
+
+
+def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
+    from tools.bench_tta import ours_config, parse_args
+
+    cfg = ours_config("--grpo.entropy_rho 1.0 --rollout.group_size 4")
+    assert cfg.grpo.entropy_rho == 1.0 and cfg.rollout.group_size == 4
+    assert ours_config("").grpo.entropy_rho != 1.0  # the preset's own value otherwise
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--ours-flags", "--grpo.entropy_rho lots"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--grpo.entropy_rho" in err[0]

@@ -10,6 +10,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dataclasses import replace
 
 import pytest
 import ray
+from conftest import start_shared_cluster
 
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
@@ -136,27 +138,6 @@ def test_prompts_refused_and_counted():
     assert sorted(s["reason"] for s in batch.skipped) == ["empty_prompt", "prompt_too_long"]
 
 
-def test_half_written_checkpoints_are_never_resumed(ray_cluster, tmp_path):
-    cfg = tiny(steps=4)
-    cfg.run.checkpoint_every = 2
-    run_to_end(Trainer(cfg, str(tmp_path)))
-    # A crash mid-write leaves a temp dir, or (a crash between rename and marker on a
-    # filesystem without atomic rename) a ckpt dir without COMPLETE: both must be ignored.
-    os.makedirs(tmp_path / ".tmp-ckpt-000004-999")
-    os.makedirs(tmp_path / "ckpt-000006")
-    (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == ["ckpt-000002"]
-    cfg.run.steps = 5
-    resumed = Trainer(cfg, str(tmp_path), resume=True)
-    try:
-        assert resumed.start == 2
-        resumed.run()
-    finally:
-        resumed.shutdown()
-    rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-
-
 @pytest.mark.parametrize("argv,msg", [
     (["--model", "/nonexistent/model"], "/nonexistent/model"),
     (["--curriculum.task", "gsm8k", "--curriculum.data_path", "{bad}"], "no usable"),
@@ -175,14 +156,24 @@ def test_bad_model_or_data_is_one_line_error(tmp_path, argv, msg):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("damage", ["old_pickle", "garbage_json", "truncated_tensors",
-                                    "missing_tensor"])
-def test_damaged_or_old_checkpoint_is_a_one_line_error(run_job, tmp_path, damage):
-    """`--resume` on a checkpoint it cannot read: one stderr line naming the file, exit 2, and
-    nothing unpickled (a checkpoint holds no pickle at all)."""
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory):
+    """A finished 2-step tiny run with a checkpoint after step 1, made once per test process
+    (each test damages a copy of it)."""
+    start_shared_cluster()
     cfg = tiny(steps=2)
     cfg.run.checkpoint_every = 1
-    run_job(cfg, tmp_path)
+    run_dir = tmp_path_factory.mktemp("checkpointed")
+    run_to_end(Trainer(cfg, str(run_dir)))
+    return run_dir
+
+
+@pytest.mark.parametrize("damage", ["old_pickle", "garbage_json", "truncated_tensors",
+                                    "missing_tensor"])
+def test_damaged_or_old_checkpoint_is_a_one_line_error(checkpointed_run, tmp_path, damage):
+    """`--resume` on a checkpoint it cannot read: one stderr line naming the file, exit 2, and
+    nothing unpickled (a checkpoint holds no pickle at all)."""
+    shutil.copytree(checkpointed_run, tmp_path, dirs_exist_ok=True)  # a copy to damage
     ckpt = tmp_path / "ckpt-000001"
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "COMPLETE", "driver.json", "driver.safetensors", "learner.json", "learner.safetensors"]
@@ -260,11 +251,17 @@ def test_a_learner_that_keeps_dying_stops_the_run_with_one_line(ray_cluster, tmp
         run_supervised(AlwaysKill(cfg, str(tmp_path)))
 
 
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(ray_cluster, tmp_path,
-                                                                    caplog):
+def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path, caplog):
+    """One run, three kinds of bad checkpoint: a crash mid-write leaves a temp dir, or (between
+    rename and marker on a filesystem without atomic rename) a ckpt dir without COMPLETE: both
+    are never listed; the newest complete one with damaged tensors is refused with a warning,
+    and the run resumes from the one before it and ends with one row per step."""
     cfg = tiny(steps=5)
     cfg.run.checkpoint_every = 2
     run_to_end(Trainer(cfg, str(tmp_path)))
+    os.makedirs(tmp_path / ".tmp-ckpt-000006-999")
+    os.makedirs(tmp_path / "ckpt-000006")
+    (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
         "ckpt-000002", "ckpt-000004"]
     data = (tmp_path / "ckpt-000004" / "learner.safetensors").read_bytes()

@@ -73,7 +73,10 @@ def test_job_submit_survives_a_killed_learner(head_node, tmp_path):
         time.sleep(0.05)
     job.join(timeout=600)
     proc = done["proc"]
-    assert killed is not None, "the job ended before its learner could be killed"
+    # If the job ended first, say how: its own output is the only clue on a CI machine.
+    assert killed is not None, ("the job ended before its learner could be killed "
+                                f"(exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+                                f"\n{proc.stderr[-2000:]}")
     assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:]
     rows = run_io.read_jsonl(str(run_dir / "metrics.jsonl"))
     assert [r[M.STEP] for r in rows] == list(range(steps))  # each step once, none lost

@@ -90,3 +90,14 @@ def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama
     np.testing.assert_allclose(plain.rewards, [1.5, 1.5, 0.5, 1.0])
     np.testing.assert_allclose(gated.rewards, [1.5, 1.0, 0.0, 1.0])
     np.testing.assert_array_equal(gated.format_score, plain.format_score)  # metrics unchanged
+
+
+def test_format_bonus_pays_only_after_working_when_asked():
+    import numpy as np
+
+    from rewards.shaping import format_bonus
+
+    fmt = np.array([1.0, 1.0, 0.5], np.float32)
+    texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "2 * 3 = 6\n6"]
+    assert format_bonus(fmt, texts, True).tolist() == [1.0, 0.0, 0.5]
+    assert format_bonus(fmt, texts, False).tolist() == [1.0, 1.0, 0.5]

@@ -76,13 +76,12 @@ import torch
 from common import metrics as M
 from common.config import ConfigError, RolloutConfig
 from common.memory import footprint
-from common.models import load_model, load_tokenizer, resolve_model
+from common.models import load_tokenizer, resolve_model
 from launch.cli import OneLineParser
 from rewards import format_prompt
 from rewards.shaping import combine
 from rewards.verifiers import verify
 from tools.bench_setup import (
-    LORA_TARGETS,
     Settings,
     bench_prompts,
     fmt3,
@@ -92,6 +91,7 @@ from tools.bench_setup import (
     release_memory,
     settings_line,
     start_ray,
+    trl_trainer,
 )
 
 PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S)
@@ -146,10 +146,7 @@ def trl_config(s: Settings, out_dir: str):
 
 def run_trl(s: Settings) -> dict:
     """TRL's GRPOTrainer in this process; per-step times from a TrainerCallback."""
-    import datasets
-    import peft
-    import trl
-    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+    from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -173,17 +170,11 @@ def run_trl(s: Settings) -> dict:
     tokens: list[int] = []
     stamps: list[float] = []
     timer = StepTimer()
-    lora = peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
-                           target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
     reward = make_reward(s.format_weight, tokens, stamps)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
-        trainer = trl.GRPOTrainer(
-            model=load_model(path, torch.float32), reward_funcs=reward,
-            args=trl_config(s, out), train_dataset=datasets.Dataset.from_list(rows),
-            processing_class=tok, peft_config=lora, callbacks=[timer])
-        for cb in (PrinterCallback, ProgressCallback):
-            trainer.remove_callback(cb)
+        trainer = trl_trainer(path, tok, rows, reward, trl_config(s, out), s.lora_r,
+                              s.lora_alpha, timer)
         trainer.train()
         del trainer
     step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]

@@ -138,3 +138,26 @@ def start_ray(num_cpus: int) -> bool:
         return False
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     return True
+
+
+def trl_trainer(path: str, tok, rows: list[dict], reward, args, lora_r: int, lora_alpha: int,
+                callback):
+    """TRL's GRPOTrainer on the fp32 model at `path` with our LoRA targets, the dataset `rows`
+    ({"prompt", "answer"}), `reward`, its GRPOConfig `args` and our `callback`; its printing
+    callbacks removed (the benches print their own lines)."""
+    import datasets
+    import peft
+    import trl
+    from transformers import PrinterCallback, ProgressCallback
+
+    from common.models import load_model
+
+    lora = peft.LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
+                           target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
+    trainer = trl.GRPOTrainer(
+        model=load_model(path, torch.float32), reward_funcs=reward, args=args,
+        train_dataset=datasets.Dataset.from_list(rows), processing_class=tok, peft_config=lora,
+        callbacks=[callback])
+    for cb in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(cb)
+    return trainer

@@ -3,6 +3,7 @@
     python -m tools.bench_tta                      # 3 seeds per system (make bench-tta)
     python -m tools.bench_tta --seeds 0 --budget-s 300      # a quick look
     python -m tools.bench_tta --out runs/bench-tta --n 100 --gain 0.08
+    python -m tools.bench_tta --systems ours --ours-flags "--grpo.entropy_rho 1.0"  # an arm
 
 Both systems train the embedded SmolLM2-135M-Instruct (fp32) with GRPO on level-1 arithmetic
 (`make_task("arith", 1, None, seed)`), with our reward (correct + 0.5 x format score, the bonus
@@ -34,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -43,14 +45,14 @@ import numpy as np
 import torch
 
 from actors.eval_worker import load_for_eval
-from common.models import load_model, load_tokenizer, resolve_model
-from launch.cli import OneLineParser
+from common.models import load_tokenizer, resolve_model
+from launch.cli import OneLineParser, parse_config
 from launch.evaluate import evaluate, heldout_sets
 from launch.presets import get_preset
 from rewards import format_prompt, make_task
-from rewards.shaping import combine, has_working
+from rewards.shaping import combine, format_bonus
 from rewards.verifiers import verify
-from tools.bench_setup import LORA_TARGETS, log, machine_line, release_memory, start_ray
+from tools.bench_setup import log, machine_line, release_memory, start_ray, trl_trainer
 
 MARKS = (30, 60, 90, 120, 180, 240, 300, 400, 500, 600, 800, 1000, 1200, 1500, 1800)
 """training-clock seconds at which a run is scored: dense early, where ours is expected"""
@@ -105,13 +107,20 @@ class Scorer:
 
 
 # ---- ours -------------------------------------------------------------------------------------
-def run_ours(seed: int, scorer: Scorer, work: str) -> dict:
-    """The cpu-demo preset on a local Ray cluster, its driver stepped here."""
+def ours_config(flags: str):
+    """The cpu-demo preset with `launch.train` flags applied (`--grpo.entropy_rho 1.0`); a bad
+    flag is launch.train's own one-line error (exit 2)."""
+    return parse_config(["--preset", "cpu-demo", *shlex.split(flags)],
+                        prog="tools.bench_tta --ours-flags")[0]
+
+
+def run_ours(seed: int, scorer: Scorer, work: str, flags: str = "") -> dict:
+    """The cpu-demo preset (with `flags`) on a local Ray cluster, its driver stepped here."""
     import ray
 
     from launch.train import Trainer
 
-    cfg = get_preset("cpu-demo")
+    cfg = ours_config(flags)
     cfg.run.seed, cfg.run.steps, cfg.run.checkpoint_every = seed, 10_000, 0
     run_dir = os.path.join(work, f"ours-{seed}")
     started = start_ray(cfg.rollout.learner_threads
@@ -148,17 +157,15 @@ def trl_reward(format_weight: float):
     """Our reward, as ours computes it for the cpu-demo preset (actors/prompts.py)."""
     def homerl_reward(prompts, completions, answer, **kwargs):
         results = [verify(c, a) for c, a in zip(completions, answer)]
-        bonus = np.array([r.format_score * has_working(c) for r, c in zip(results, completions)])
+        bonus = format_bonus(np.array([r.format_score for r in results]), completions, True)
         return combine(np.array([r.score for r in results]), bonus, format_weight).tolist()
     return homerl_reward
 
 
 def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
     """TRL's GRPOTrainer in this process, paused by a callback at the marks."""
-    import datasets
-    import peft
     import trl
-    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+    from transformers import TrainerCallback
 
     demo = get_preset("cpu-demo")
     out_dir = os.path.join(work, f"trl-{seed}")
@@ -195,15 +202,9 @@ def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
         temperature=r.temperature, learning_rate=g.lr, lr_scheduler_type="constant",
         max_steps=100_000, save_strategy="no", report_to="none", seed=seed,
         disable_tqdm=True, logging_steps=10)
-    lora = peft.LoraConfig(r=demo.lora.r, lora_alpha=demo.lora.alpha, lora_dropout=0.0,
-                           target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
     clock = Clock()
-    trainer = trl.GRPOTrainer(
-        model=load_model(path, torch.float32), reward_funcs=trl_reward(r.format_weight),
-        args=args, train_dataset=datasets.Dataset.from_list(rows), processing_class=tok,
-        peft_config=lora, callbacks=[clock])
-    for cb in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(cb)
+    trainer = trl_trainer(path, tok, rows, trl_reward(r.format_weight), args, demo.lora.r,
+                          demo.lora.alpha, clock)
     setup_s = time.perf_counter() - t0
     trainer.train()
     del trainer
@@ -224,7 +225,8 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
     lines = [machine_line(),
              f"held-out: {SET}, {args.n} problems, greedy; base accuracy {base:.3f}, target "
              f"{target:.3f} (base + {args.gain:.2f}); budget {args.budget_s:.0f} s of training "
-             f"per run; seeds {' '.join(map(str, args.seeds))}"]
+             f"per run; seeds {' '.join(map(str, args.seeds))}; ours: cpu-demo preset"
+             + (f" + {args.ours_flags}" if args.ours_flags else "")]
     medians = {}
     for system in ("trl", "ours"):
         mine = [x for x in runs if x["system"] == system]
@@ -284,11 +286,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=600.0,
                    help="training seconds per run before it gives up")
     p.add_argument("--out", default="runs/bench-tta", help="results.json and tta.png")
+    p.add_argument("--ours-flags", default="", metavar="FLAGS",
+                   help="launch.train flags on top of the cpu-demo preset for ours, one string: "
+                        "\"--grpo.entropy_rho 1.0\"")
     p.add_argument("--report", action="store_true",
                    help="no training: report and plot OUT/results.json again")
     args = p.parse_args(argv)
     if args.n < 1 or args.budget_s <= 0 or not 0 < args.gain < 1:
         p.error("--n must be >= 1, --budget-s > 0 and --gain in (0, 1)")
+    ours_config(args.ours_flags)  # a bad flag fails here, before any training
     return args
 
 
@@ -314,8 +320,8 @@ def main(argv=None) -> int:
     if args.report:
         with open(os.path.join(args.out, "results.json")) as f:
             saved = json.load(f)
-        for key in ("seeds", "n", "gain", "budget_s"):
-            setattr(args, key, saved["args"][key])
+        for key in ("seeds", "n", "gain", "budget_s", "ours_flags"):
+            setattr(args, key, saved["args"].get(key, ""))
         print("\n".join(finish(args, saved["base"], saved["target"], saved["runs"])))
         return 0
     demo = get_preset("cpu-demo")
@@ -330,7 +336,8 @@ def main(argv=None) -> int:
             for system in args.systems.split(","):
                 log(f"{system} seed {seed} ...")
                 scorer = Scorer(samples, target, args.budget_s, demo.rollout.max_new_tokens)
-                run = (run_ours if system == "ours" else run_trl)(seed, scorer, work)
+                run = (run_ours(seed, scorer, work, args.ours_flags) if system == "ours"
+                       else run_trl(seed, scorer, work))
                 runs.append({"system": system, "seed": seed, **run, "curve": scorer.curve,
                              "eval_s": scorer.eval_s})
                 release_memory()
