@@ -7,6 +7,8 @@
 * `head_node`: `ray start --head` of a test's own on 127.0.0.1 (free ports, private temp dir),
   yielding (dashboard address, env for the `ray` CLI); `submit` retries `ray job submit` while
   the head's job agent starts.
+* `reference_run`: a finished run of a config nobody interrupted, made once per `make test`
+  for the fault and resume tests that compare with it.
 * `tiny_llama`: the cached `tiny-random-llama` checkpoint (Llama, 16-dim heads).
 * `tiny_qwen2`: a tiny random Qwen2 checkpoint (tied embeddings, q/k/v biases, 32-dim heads,
   which vLLM's CPU backend accepts).
@@ -17,6 +19,8 @@ Models are random and built in memory from a config: no test downloads anything.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -58,6 +62,38 @@ def ray_cluster():
     yield
 
 
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """`reference_run(cfg) -> run dir` of a finished run of `cfg` that nobody interrupted, for
+    the tests that compare a faulted or resumed run with it. Made once per pytest run per
+    config (the pytest processes of `make test` share it through a file lock); read it, never
+    write to it. Needs the shared cluster (`ray_cluster`)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reference-runs"
+    root.mkdir(exist_ok=True)
+
+    def get(cfg) -> Path:
+        from filelock import FileLock
+
+        from launch.train import Trainer
+
+        blob = json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()
+        key = hashlib.sha256(blob).hexdigest()[:16]
+        run_dir = root / key
+        with FileLock(str(root / f"{key}.lock")):
+            if not (run_dir / "summary.json").exists():
+                shutil.rmtree(run_dir, ignore_errors=True)  # a half-made one
+                start_shared_cluster()
+                trainer = Trainer(cfg, str(run_dir))
+                try:
+                    trainer.run()
+                finally:
+                    trainer.shutdown()
+        return run_dir
+
+    return get
+
+
 @pytest.fixture
 def own_ray():
     """For a test that starts a Ray cluster of its own: none is connected when it begins, and
@@ -76,11 +112,11 @@ SLOW_FIRST = (
     "test_job_submit.py::test_job_submit_survives_a_killed_learner",
     "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
     "test_app_browser.py::",
+    "test_webapp.py::test_under_a_dashboard_address_start_submits_a_ray_job",
     "test_webapp.py::test_start_stop_resume_a_real_run_keeps_one_row_per_step",
     "test_train.py::test_resume_reproduces_uninterrupted_run",
     "test_faults.py::test_hung_worker_times_out_and_is_replaced",
     "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
-    "test_webapp.py::test_under_a_dashboard_address_start_submits_a_ray_job",
     "test_models.py::test_embedded_smollm2_converts_once_and_chats",
 )
 
@@ -89,8 +125,16 @@ def _slow_rank(item) -> int:
     return next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid), len(SLOW_FIRST))
 
 
+def _order(item) -> tuple[int, int]:
+    """Slow tests first; then the tests that start a Ray cluster of their own (`own_ray`) before
+    those on the shared one, so that each pytest process starts the shared cluster about once
+    (it is shut down for every own_ray test, and started again, ~5-13 s, by the next user)."""
+    own = {"own_ray", "three_nodes"} & set(getattr(item, "fixturenames", ()))
+    return _slow_rank(item), 0 if own else 1
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_slow_rank)  # stable: the rest keep their file order
+    items.sort(key=_order)  # stable: the rest keep their file order
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -51,3 +51,16 @@ def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
         parse_args(["--ours-flags", "--grpo.entropy_rho lots"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--grpo.entropy_rho" in err[0]
+
+
+def test_a_report_of_one_system_has_no_ratio_against_the_other():
+    import argparse
+
+    from tools.bench_tta import report
+
+    args = argparse.Namespace(n=100, gain=0.2, budget_s=600.0, seeds=[0], ours_flags="")
+    run = {"system": "ours", "seed": 0, "tta_s": 90.0, "clock_s": 95.0, "steps": 5,
+           "curve": [(95.0, 5, 0.41)], "setup_s": 9.0}
+    lines = report([run], 0.2, 0.4, args)
+    assert not any(line.startswith("trl") for line in lines)
+    assert lines[-1] == "ratio TRL/ours: n/a (only ours run)"

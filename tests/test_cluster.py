@@ -44,8 +44,12 @@ def connected_cluster(head_cpus: int, nodes: int):
         cluster.shutdown()
 
 
-@pytest.fixture
-def three_nodes(own_ray):
+@pytest.fixture(scope="module")
+def three_nodes():
+    """One 3-node cluster for this module's tests that only place and run (starting one costs
+    ~20 s here); like `own_ray`, whatever was connected is shut down first."""
+    if ray.is_initialized():
+        ray.shutdown()
     yield from connected_cluster(head_cpus=1, nodes=2)
 
 

@@ -66,22 +66,36 @@ def run_with_fault(cfg, run_dir, fault_at: int | None, sig=signal.SIGKILL):
     return rows, versions
 
 
-def test_killed_worker_is_replaced_and_nothing_is_lost(ray_cluster, tmp_path):
-    clean, _ = run_with_fault(tiny(), tmp_path / "clean", None)
-    faulty, versions = run_with_fault(tiny(), tmp_path / "kill", fault_at=2)
+def checkpointed(steps=6, **rollout):
+    """tiny() with a checkpoint every 2 steps: the config of test_train's resume test, so that
+    both compare with one reference run (`reference_run`)."""
+    cfg = tiny(steps, **rollout)
+    cfg.run.checkpoint_every = 2
+    return cfg
+
+
+def clean_rows(reference_run, cfg) -> list[dict]:
+    """metrics.jsonl of the run of `cfg` that nobody interrupted."""
+    return run_io.read_jsonl(str(reference_run(cfg) / "metrics.jsonl"))
+
+
+def test_killed_worker_is_replaced_and_nothing_is_lost(ray_cluster, reference_run, tmp_path):
+    clean = clean_rows(reference_run, checkpointed())
+    faulty, versions = run_with_fault(checkpointed(), tmp_path / "kill", fault_at=2)
     assert faulty[-1]["faults/worker_restarts"] >= 1
     assert clean[-1]["faults/worker_restarts"] == 0
-    assert [r["step"] for r in faulty] == list(range(5))
+    assert [r["step"] for r in faulty] == list(range(6))
     for key in KEYS:
         assert [r[key] for r in faulty] == [r[key] for r in clean], key
-    assert versions == [5]  # the replacement caught up with the newest weights
+    assert versions == [6]  # the replacement caught up with the newest weights
 
 
-def test_worker_killed_under_multi_step_calls_loses_nothing(ray_cluster, tmp_path):
+def test_worker_killed_under_multi_step_calls_loses_nothing(ray_cluster, reference_run,
+                                                            tmp_path):
     cfg = dict(steps=6, max_staleness=3, steps_per_call=2)
-    clean, _ = run_with_fault(tiny(**cfg), tmp_path / "clean", None)
+    clean = clean_rows(reference_run, checkpointed(**cfg))
     # killed before step 2, which launches the call for steps (4, 5): both shares re-run
-    faulty, versions = run_with_fault(tiny(**cfg), tmp_path / "kill", fault_at=2)
+    faulty, versions = run_with_fault(checkpointed(**cfg), tmp_path / "kill", fault_at=2)
     assert faulty[-1]["faults/worker_restarts"] == 1
     for key in KEYS + ("rollout/version",):
         assert [r[key] for r in faulty] == [r[key] for r in clean], key
@@ -213,20 +227,14 @@ class LearnerKillingTrainer(Trainer):
         return super().step(k)
 
 
-def test_killed_learner_is_restored_from_the_checkpoint_and_nothing_is_lost(ray_cluster,
-                                                                          tmp_path):
+def test_killed_learner_is_restored_from_the_checkpoint_and_nothing_is_lost(
+        ray_cluster, reference_run, tmp_path):
     from launch.supervise import run_supervised
 
-    def cfg():
-        c = tiny(steps=6)
-        c.run.checkpoint_every = 2
-        return c
-
-    clean = run_supervised(Trainer(cfg(), str(tmp_path / "clean")))
-    faulty = run_supervised(LearnerKillingTrainer(cfg(), str(tmp_path / "kill")))
-    assert clean["learner_restarts"] == 0 and faulty["learner_restarts"] == 1
+    want = clean_rows(reference_run, checkpointed())
+    faulty = run_supervised(LearnerKillingTrainer(checkpointed(), str(tmp_path / "kill")))
+    assert want[-1]["faults/learner_restarts"] == 0 and faulty["learner_restarts"] == 1
     rows = run_io.read_jsonl(str(tmp_path / "kill" / "metrics.jsonl"))
-    want = run_io.read_jsonl(str(tmp_path / "clean" / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(6))  # each step once; 2 and 3 were redone
     assert [r["faults/learner_restarts"] for r in rows] == [0, 0, 1, 1, 1, 1]
     for key in KEYS:  # restored exactly: the same numbers as the run nobody killed

@@ -3,6 +3,7 @@
 
 import pytest
 
+from launch import run_io
 from launch.evaluate import load_for_eval
 from launch.presets import get_preset
 from launch.train import Trainer
@@ -13,14 +14,18 @@ REQUIRED = ["step", "reward/mean", "reward/format", "loss/policy", "time/step_s"
 
 
 
+def tiny_cfg(steps=4, **rollout):
+    cfg = get_preset("tiny")
+    cfg.run.steps = steps
+    for k, v in rollout.items():
+        setattr(cfg.rollout, k, v)
+    return cfg
+
+
 @pytest.fixture
 def run_tiny(run_job):
     def run(run_dir, steps=4, resume=False, **rollout):
-        cfg = get_preset("tiny")
-        cfg.run.steps = steps
-        for k, v in rollout.items():
-            setattr(cfg.rollout, k, v)
-        return run_job(cfg, run_dir, resume)
+        return run_job(tiny_cfg(steps, **rollout), run_dir, resume)
     return run
 
 
@@ -77,8 +82,8 @@ def test_two_workers_split_prompts(run_tiny, tmp_path):
 
 
 @pytest.mark.parametrize("rollout", [{}, {"max_staleness": 3, "steps_per_call": 2}])
-def test_resume_reproduces_uninterrupted_run(run_tiny, tmp_path, rollout):
-    _, full, _ = run_tiny(tmp_path / "a", steps=6, **rollout)
+def test_resume_reproduces_uninterrupted_run(run_tiny, reference_run, tmp_path, rollout):
+    full = run_io.read_jsonl(str(reference_run(tiny_cfg(6, **rollout)) / "metrics.jsonl"))
     # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6.
     run_tiny(tmp_path / "b", steps=4, **rollout)
     ckpts = sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith("ckpt-"))

@@ -230,6 +230,8 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
     medians = {}
     for system in ("trl", "ours"):
         mine = [x for x in runs if x["system"] == system]
+        if not mine:
+            continue
         for x in mine:
             tta = x["tta_s"]
             lines.append(f"{system} seed {x['seed']}: "
@@ -243,7 +245,9 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
         med = "never reached" if medians[system] is None else f"{medians[system]:.0f} s"
         lines.append(f"{system}: time to target, median {med}{spread}, {len(reached)} of "
                      f"{len(mine)} seeds reached it (a miss counts as longer than any hit)")
-    if medians.get("ours") and medians.get("trl"):
+    if len(medians) < 2:
+        lines.append(f"ratio TRL/ours: n/a (only {', '.join(medians) or 'no system'} run)")
+    elif medians.get("ours") and medians.get("trl"):
         lines.append(f"ratio TRL/ours (median time to target): "
                      f"{medians['trl'] / medians['ours']:.2f}")
     elif medians.get("ours"):
