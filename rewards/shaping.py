@@ -38,10 +38,10 @@ def has_working(text: str) -> bool:
 def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool) -> np.ndarray:
     """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
     `needs_working` and a completion has no working before its last line (`has_working`)."""
+    fmt = np.asarray(fmt, dtype=np.float32)                                         # (N,)
     if not needs_working:
-        return np.asarray(fmt, dtype=np.float32)
-    worked = np.array([has_working(t) for t in texts], dtype=np.float32)           # (N,)
-    return (np.asarray(fmt, dtype=np.float32) * worked).astype(np.float32)
+        return fmt
+    return fmt * np.array([has_working(t) for t in texts], dtype=np.float32)       # (N,)
 
 
 def combine(correct: np.ndarray, fmt: np.ndarray, weight: float,

@@ -18,7 +18,6 @@ from dataclasses import replace
 
 import pytest
 import ray
-from conftest import start_shared_cluster
 
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
@@ -171,24 +170,14 @@ def test_bad_model_or_data_is_one_line_error(tmp_path, argv, msg):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def checkpointed_run(tmp_path_factory):
-    """A finished 2-step tiny run with a checkpoint after step 1, made once per test process
-    (each test damages a copy of it)."""
-    start_shared_cluster()
-    cfg = tiny(steps=2)
-    cfg.run.checkpoint_every = 1
-    run_dir = tmp_path_factory.mktemp("checkpointed")
-    run_to_end(Trainer(cfg, str(run_dir)))
-    return run_dir
-
-
 @pytest.mark.parametrize("damage", ["old_pickle", "garbage_json", "truncated_tensors",
                                     "missing_tensor"])
-def test_damaged_or_old_checkpoint_is_a_one_line_error(checkpointed_run, tmp_path, damage):
+def test_damaged_or_old_checkpoint_is_a_one_line_error(reference_run, tmp_path, damage):
     """`--resume` on a checkpoint it cannot read: one stderr line naming the file, exit 2, and
     nothing unpickled (a checkpoint holds no pickle at all)."""
-    shutil.copytree(checkpointed_run, tmp_path, dirs_exist_ok=True)  # a copy to damage
+    cfg = tiny(steps=2)
+    cfg.run.checkpoint_every = 1
+    shutil.copytree(reference_run(cfg), tmp_path, dirs_exist_ok=True)  # a copy to damage
     ckpt = tmp_path / "ckpt-000001"
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "COMPLETE", "driver.json", "driver.safetensors", "learner.json", "learner.safetensors"]
