@@ -221,6 +221,34 @@ class WorkerPool:
         self.push_refs[i] = still
         return ok
 
+    def settle(self) -> int:
+        """Wait for every queued push and check each worker answers; a worker found dead or
+        hung is replaced and given the newest version. Returns how many were replaced.
+
+        A worker that dies after its last rollout call is otherwise noticed by nothing: the
+        pushes queued on it are dropped (`_settle_pushes`), and whoever uses the pool next
+        (an evaluation, the next stage) would meet a dead actor. The driver calls this at the
+        end of a run, after the final push.
+        """
+        replaced = 0
+        for i, worker in enumerate(self.workers):
+            checks = [ref for _, ref in self.push_refs[i]] + [worker.ping.remote()]
+            try:
+                ray.get(checks, timeout=self.cfg.rollout.call_timeout_s)
+                self.push_refs[i] = []
+                continue
+            except RayTaskError:
+                if not self._settle_pushes(i):  # a refused push: retried by _settle_pushes
+                    continue
+                raise  # the ping itself failed: a bug in the worker, not a fault
+            except (RayActorError, GetTimeoutError) as e:
+                log.warning("worker %d is gone at the end of the run (%s); replacing it", i,
+                            type(e).__name__)
+            self._replace_and_load(i, self.version)
+            self.versions[i] = self.version
+            replaced += 1
+        return replaced
+
     def _load(self, i: int, version: int, timeout_s: float | None = None) -> None:
         """Load `version` on worker i now, up to PUSH_TRIES times; WeightSyncError after that."""
         error = None

@@ -325,6 +325,7 @@ class Trainer:
     def finish(self, wall_s: float) -> dict:
         self._take_card("wake", self.cfg.run.steps)
         self.sync_weights()  # the workers end on the final weights (e.g. to evaluate with them)
+        self.pool.settle()  # ... all of them: one that died after its last rollout is replaced
         final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
         rows = self.writer.metrics()
         tail = rows[-max(1, len(rows) // 5):]
