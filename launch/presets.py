@@ -43,7 +43,11 @@ def _cpu_demo() -> Config:
                               max_staleness=1),
         # micro_batch 4: half the learner's activation peak (~0.55 GB) for ~20% more learner
         # time, which is hidden behind the rollout it overlaps (3.6 s vs 7 s a step)
-        grpo=GRPOConfig(lr=3e-4, entropy_rho=0.2, micro_batch=4),
+        # entropy_rho 1.0, every completion token in the loss: against the top 20% it raised
+        # unseen accuracy 58.7 -> 69.5% (3 seeds) and reached +20 points sooner (README,
+        # "Learning" and "Time to a target accuracy"); the learner's 12-16% more work is
+        # hidden behind the rollout at staleness 1
+        grpo=GRPOConfig(lr=3e-4, entropy_rho=1.0, micro_batch=4),
         curriculum=CurriculumConfig(task="arith", level=1),
         # the format bonus only after working: without it one seed in three collapsed to
         # formatted guesses (`Answer: 8`, no sums) within ten steps (README, "Learning")
