@@ -44,9 +44,13 @@ def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():
 def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
     from tools.bench_tta import ours_config, parse_args
 
-    cfg = ours_config("--grpo.entropy_rho 1.0 --rollout.group_size 4")
-    assert cfg.grpo.entropy_rho == 1.0 and cfg.rollout.group_size == 4
-    assert ours_config("").grpo.entropy_rho != 1.0  # the preset's own value otherwise
+    from launch.presets import get_preset
+
+    cfg = ours_config("--grpo.entropy_rho 0.3 --rollout.group_size 4")
+    assert cfg.grpo.entropy_rho == 0.3 and cfg.rollout.group_size == 4
+    preset = get_preset("cpu-demo")
+    assert preset.grpo.entropy_rho != 0.3 and preset.rollout.group_size != 4
+    assert ours_config("").to_dict() == preset.to_dict()  # the preset's own values otherwise
     with pytest.raises(SystemExit) as e:
         parse_args(["--ours-flags", "--grpo.entropy_rho lots"])
     err = capsys.readouterr().err.strip().splitlines()
