@@ -3,7 +3,7 @@
     python -m tools.bench_tta                      # 3 seeds per system (make bench-tta)
     python -m tools.bench_tta --seeds 0 --budget-s 300      # a quick look
     python -m tools.bench_tta --out runs/bench-tta --n 100 --gain 0.08
-    python -m tools.bench_tta --systems ours --ours-flags "--grpo.entropy_rho 1.0"  # an arm
+    python -m tools.bench_tta --systems ours --ours-flags "--max-staleness 3 --steps-per-call 2"
 
 Both systems train the embedded SmolLM2-135M-Instruct (fp32) with GRPO on level-1 arithmetic
 (`make_task("arith", 1, None, seed)`), with our reward (correct + 0.5 x format score, the bonus
@@ -12,12 +12,13 @@ same held-out split: `arith-1-unseen` (question templates training never sees), 
 The target is the base model's accuracy on it plus `--gain` (8 points).
 
 Ours: the `cpu-demo` preset as a user gets it (`launch.train --preset cpu-demo --seed S`: 2
-prompts x G=8, 40 new tokens, temperature 0.8, LoRA r=16, lr 3e-4, 1 HF rollout worker + 1
-learner, 1 thread each, max_staleness 1). TRL: its GRPOConfig defaults (8 completions = 1
-prompt per step, DAPO loss on all tokens, clip 0.2, beta 0, one update per generation, all
-cores as torch threads), with ours' learning rate (constant), G, LoRA, max new tokens,
-temperature and reward; gradient checkpointing off and fp32 (its defaults trade compute for
-memory and assume bf16 hardware; this CPU has no AMX: fp32 is its fast dtype).
+prompts x G=8, 40 new tokens, temperature 0.8, LoRA r=16, lr 3e-4, every completion token in
+the loss, 1 HF rollout worker + 1 learner, 1 thread each, max_staleness 1). TRL: its
+GRPOConfig defaults (8 completions = 1 prompt per step, DAPO loss on all tokens, clip 0.2,
+beta 0, one update per generation, all cores as torch threads), with ours' learning rate
+(constant), G, LoRA, max new tokens, temperature and reward; gradient checkpointing off and
+fp32 (its defaults trade compute for memory and assume bf16 hardware; this CPU has no AMX:
+fp32 is its fast dtype).
 
 Clock: training wall time from each system's first step (model load and actor start-up are
 reported apart). At the marks `MARKS` (seconds on that clock) the run pauses its clock, saves
@@ -108,7 +109,7 @@ class Scorer:
 
 # ---- ours -------------------------------------------------------------------------------------
 def ours_config(flags: str):
-    """The cpu-demo preset with `launch.train` flags applied (`--grpo.entropy_rho 1.0`); a bad
+    """The cpu-demo preset with `launch.train` flags applied (`--max-staleness 3`); a bad
     flag is launch.train's own one-line error (exit 2)."""
     return parse_config(["--preset", "cpu-demo", *shlex.split(flags)],
                         prog="tools.bench_tta --ours-flags")[0]
