@@ -42,9 +42,8 @@ def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():
 
 
 def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
-    from tools.bench_tta import ours_config, parse_args
-
     from launch.presets import get_preset
+    from tools.bench_tta import ours_config, parse_args
 
     cfg = ours_config("--grpo.entropy_rho 0.3 --rollout.group_size 4")
     assert cfg.grpo.entropy_rho == 0.3 and cfg.rollout.group_size == 4
