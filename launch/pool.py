@@ -232,15 +232,13 @@ class WorkerPool:
         """
         replaced = 0
         for i, worker in enumerate(self.workers):
-            checks = [ref for _, ref in self.push_refs[i]] + [worker.ping.remote()]
+            ping = worker.ping.remote()
+            refs = [ref for _, ref in self.push_refs[i]] + [ping]
+            ray.wait(refs, num_returns=len(refs), timeout=self.cfg.rollout.call_timeout_s)
+            self._settle_pushes(i)  # a refused push is retried; those on a dead actor dropped
             try:
-                ray.get(checks, timeout=self.cfg.rollout.call_timeout_s)
-                self.push_refs[i] = []
+                ray.get(ping, timeout=0)  # not done within the wait above: hung
                 continue
-            except RayTaskError:
-                if not self._settle_pushes(i):  # a refused push: retried by _settle_pushes
-                    continue
-                raise  # the ping itself failed: a bug in the worker, not a fault
             except (RayActorError, GetTimeoutError) as e:
                 log.warning("worker %d is gone at the end of the run (%s); replacing it", i,
                             type(e).__name__)
