@@ -174,6 +174,13 @@ class Trainer:
             nxt = chunk[-1] + 1
         return sync_s
 
+    def end_on_final_weights(self) -> int:
+        """Push the newest weights and settle the pool: every worker ends on them (e.g. to
+        evaluate with them), a replacement for one that died after its last rollout call
+        included. Returns how many workers were replaced."""
+        self.sync_weights()
+        return self.pool.settle()
+
     def sync_weights(self) -> float:
         """Export the learner's newest weights once and queue them on every worker (if the
         workers lack them); returns the seconds spent.
@@ -324,8 +331,7 @@ class Trainer:
 
     def finish(self, wall_s: float) -> dict:
         self._take_card("wake", self.cfg.run.steps)
-        self.sync_weights()  # the workers end on the final weights (e.g. to evaluate with them)
-        self.pool.settle()  # ... all of them: one that died after its last rollout is replaced
+        self.end_on_final_weights()
         final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
         rows = self.writer.metrics()
         tail = rows[-max(1, len(rows) // 5):]

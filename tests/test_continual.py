@@ -151,3 +151,23 @@ def test_forgetting_starts_a_run_that_is_not_kept_in_an_empty_directory(tmp_path
     old.mkdir(parents=True)
     (old / "metrics.jsonl").write_text('{"step": 0}\n')  # an interrupted run's rows
     assert fresh_dir(str(old)) == str(old) and not old.exists()
+
+
+def test_forgetting_styles_order_the_stages_and_their_sets(capsys):
+    """--styles puts the stages (and the held-out set each is scored on) in the given order;
+    the order is part of the design --resume compares; an unknown or repeated style is a
+    one-line error naming the allowed ones."""
+    from tools.experiments.forgetting import method_config, parse_args, same_design
+
+    args = parse_args(["--styles", "hash,boxed,answer", "--stage-steps", "4", "--seeds", "0"])
+    assert args.sets == ("arith-1-hash", "arith-1-boxed", "arith-1")
+    cfg = method_config(args, [], 0)
+    assert cfg.curriculum.stages == "arith:1:4:hash,arith:1:4:boxed,arith:1:4"
+    assert cfg.run.steps == 12
+    two = parse_args(["--styles", "boxed,answer", "--stage-steps", "4"])
+    assert method_config(two, [], 0).run.steps == 8
+    assert same_design(args) != same_design(parse_args(["--stage-steps", "4"]))
+    for bad in ("hash,nope", "hash,hash", "hash"):
+        with pytest.raises(SystemExit):
+            parse_args(["--styles", bad])
+        assert "--styles" in capsys.readouterr().err

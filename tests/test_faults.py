@@ -58,8 +58,7 @@ def run_with_fault(cfg, run_dir, fault_at: int | None, sig=signal.SIGKILL):
                 for pid in trainer.pool.worker_pids():
                     os.kill(pid, sig)
             rows.append(trainer.step(k))
-        trainer.sync_weights()  # as run() does at the end
-        trainer.pool.settle()
+        trainer.end_on_final_weights()  # as finish() does
         versions = trainer.pool.worker_versions()
     finally:
         trainer.shutdown()
@@ -113,8 +112,7 @@ def test_a_worker_dead_after_its_last_call_is_replaced_at_the_end(ray_cluster, t
         trainer.step(1)
         (pid,) = trainer.pool.worker_pids()
         os.kill(pid, signal.SIGKILL)
-        trainer.sync_weights()
-        assert trainer.pool.settle() == 1
+        assert trainer.end_on_final_weights() == 1
         assert trainer.pool.restarts == 1
         assert trainer.pool.worker_versions() == [2]  # the replacement holds the final weights
         assert trainer.pool.worker_pids() != [pid]

@@ -262,7 +262,7 @@ def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path,
     trainer = Trainer(cfg, str(tmp_path))
     try:
         rows = [trainer.step(k) for k in range(3)]
-        trainer.sync_weights()  # as run() does at the end
+        trainer.end_on_final_weights()  # as finish() does
         versions = trainer.pool.worker_versions()
     finally:
         trainer.shutdown()

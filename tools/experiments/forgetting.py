@@ -8,12 +8,12 @@
         --rollout.engine vllm                     # after --: launch.train flags for every arm
     python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
-The stages (default `STAGES`) ask for the same kind of problem with a different final answer
-line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then "#### N"): a policy trained
-on one answer line drifts to it on every prompt, so stage 1's tagged accuracy (right *and*
-with the asked answer tag; `--metric strict_accuracy`: the tag on the last line, which the
-embedded model barely learns in 30 steps: it writes the line and goes on) is what plain
-sequential training loses. A method is a set of `launch.train`
+The stages (default `STAGES`; `--styles` orders them) ask for the same kind of problem with a
+different final answer line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then
+"#### N"): a policy trained on one answer line drifts to it on every prompt, so stage 1's
+tagged accuracy (right *and* with the asked answer tag; `--metric strict_accuracy`: the tag on
+the last line, which the embedded model barely learns in 30 steps: it writes the line and goes
+on) is what plain sequential training loses. A method is a set of `launch.train`
 flags (`METHODS`; `--ewc-lams` adds EWC arms on a log grid). For every method and seed: train
 the curriculum (a local Ray cluster, the real driver), save the policy after each stage and
 score it greedily on every stage's held-out set. Writes OUT/results.json (every matrix),
@@ -38,12 +38,23 @@ from common import metrics as M
 from launch.cli import parse_config
 from launch.evaluate import evaluate, heldout_sets, load_for_eval
 from launch.train import Trainer
+from rewards.styles import DEFAULT_STYLE
+from rewards.styles import STYLES as ANSWER_STYLES
 from tools.experiments.cl_metrics import summarize
 
 # "Answer: N" first (README, "Forgetting"): started on "\boxed{N}", seed 0 learnt the sums but
 # no answer tag at all in 30 steps (the bonus needs working above the line; tagged accuracy 0)
-STAGES = ("arith:1:{n}", "arith:1:{n}:boxed", "arith:1:{n}:hash")
-SETS = ("arith-1", "arith-1-boxed", "arith-1-hash")  # stage j's held-out set
+STYLES = ("answer", "boxed", "hash")
+
+
+def stage_design(styles) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(stage specs with an {n} for the steps, held-out set names), one per answer style."""
+    suffix = [f":{s}" if s != DEFAULT_STYLE else "" for s in styles]
+    return (tuple(f"arith:1:{{n}}{x}" for x in suffix),
+            tuple(f"arith-1{x.replace(':', '-')}" for x in suffix))
+
+
+STAGES, SETS = stage_design(STYLES)  # stage j's spec and its held-out set
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
 SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
 METHODS = {
@@ -62,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, of: {', '.join(METHODS)}")
     p.add_argument("--ewc-lams", default="", help="EWC arms, e.g. 1e2,1e3,1e4 (ewc-<lam>)")
+    p.add_argument("--styles", default=",".join(STYLES),
+                   help="the stages' answer styles in order, comma-separated, of: "
+                        f"{', '.join(ANSWER_STYLES)}")
     p.add_argument("--stage-steps", type=int, default=30, help="training steps per stage")
     p.add_argument("--n", type=int, default=150, help="held-out problems per stage set")
     p.add_argument("--quick", action="store_true",
@@ -87,12 +101,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     for lam in [x for x in args.ewc_lams.split(",") if x]:
         methods[f"ewc-{lam}"] = ["--ewc.lam", lam]
     args.method_flags = methods
+    styles = [x for x in args.styles.split(",") if x]
+    bad = [x for x in styles if x not in ANSWER_STYLES]
+    if bad or len(set(styles)) != len(styles) or len(styles) < 2:
+        p.error(f"--styles: {args.styles!r}: two or more distinct, of: "
+                f"{', '.join(ANSWER_STYLES)}")
+    args.stages, args.sets = stage_design(styles)
     return args
 
 
 def method_config(args, flags: list[str], seed: int):
-    stages = ",".join(s.format(n=args.stage_steps) for s in STAGES)
-    cfg, _ = parse_config(["--preset", args.preset, "--steps", str(3 * args.stage_steps),
+    stages = ",".join(s.format(n=args.stage_steps) for s in args.stages)
+    cfg, _ = parse_config(["--preset", args.preset,
+                           "--steps", str(len(args.stages) * args.stage_steps),
                            "--curriculum.stages", stages, "--run.checkpoint_every", "0",
                            "--seed", str(seed), *args.train_flags, *flags],
                           prog="tools.experiments.forgetting")
@@ -140,7 +161,8 @@ def fresh_dir(path: str) -> str:
 def same_design(args) -> dict:
     """What must match for a saved run to be reused by --resume."""
     return {"preset": args.preset, "stage_steps": args.stage_steps, "n": args.n,
-            "stages": list(STAGES), "sets": list(SETS), "train_flags": list(args.train_flags),
+            "stages": list(args.stages), "sets": list(args.sets),
+            "train_flags": list(args.train_flags),
             "scores": list(SCORES), "format_levels": [1.0, 0.5, 0.25, 0.0]}
 
 
@@ -155,9 +177,9 @@ def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
     return saved.get("results", {}) if saved.get("design") == design else {}
 
 
-def matrix(run: dict, metric: str) -> list[list[float]]:
-    """R[i][j]: `metric` on stage j's set after training stage i."""
-    return [[a[s][metric] for s in SETS] for a in run["after"]]
+def matrix(run: dict, metric: str, sets=SETS) -> list[list[float]]:
+    """R[i][j]: `metric` on stage j's set (`sets[j]`) after training stage i."""
+    return [[a[s][metric] for s in sets] for a in run["after"]]
 
 
 def mean_range(vals: list[float], scale: float = 100.0, fmt: str = "{:.1f}") -> str:
@@ -169,18 +191,18 @@ def mean_range(vals: list[float], scale: float = 100.0, fmt: str = "{:.1f}") -> 
         else fmt.format(m)
 
 
-def table(base: dict, results: dict, metric: str) -> str:
+def table(base: dict, results: dict, metric: str, sets=SETS) -> str:
     """Markdown: one row per method, mean (range) over seeds, in points of `metric`."""
-    b = [base[s][metric] for s in SETS]
-    head = ["method", "seeds", *(f"final {s}" for s in SETS), "ACC", "BWT", "FWT",
+    b = [base[s][metric] for s in sets]
+    head = ["method", "seeds", *(f"final {s}" for s in sets), "ACC", "BWT", "FWT",
             "stage-1 lost", "stage-1 gain kept", "wall min", "peak GiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines.append("| base | - | " + " | ".join(f"{100 * x:.1f}" for x in b)
                  + " | - | - | - | - | - | - | - |")
     for name, runs in results.items():
-        cl = [summarize(matrix(r, metric), b) for r in runs]
-        finals = [mean_range([matrix(r, metric)[-1][j] for r in runs])
-                  for j in range(len(SETS))]
+        cl = [summarize(matrix(r, metric, sets), b) for r in runs]
+        finals = [mean_range([matrix(r, metric, sets)[-1][j] for r in runs])
+                  for j in range(len(sets))]
         cells = [name, str(len(runs)), *finals,
                  mean_range([c.acc for c in cl]), mean_range([c.bwt for c in cl]),
                  mean_range([c.fwt for c in cl]), mean_range([c.forgot_first for c in cl]),
@@ -191,7 +213,7 @@ def table(base: dict, results: dict, metric: str) -> str:
     return "\n".join(lines)
 
 
-def plot(base: dict, results: dict, path: str, metric: str) -> None:
+def plot(base: dict, results: dict, path: str, metric: str, sets=SETS) -> None:
     """One panel per method: each stage set's `metric` at base and after each stage
     (mean over seeds, the seeds' range shaded)."""
     import matplotlib
@@ -200,16 +222,16 @@ def plot(base: dict, results: dict, path: str, metric: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.4), squeeze=False)
-    x = list(range(len(SETS) + 1))
+    x = list(range(len(sets) + 1))
     for ax, (name, runs) in zip(axes[0], results.items()):
-        for j, s in enumerate(SETS):
-            ys = [[base[s][metric]] + [row[j] for row in matrix(r, metric)] for r in runs]
+        for j, s in enumerate(sets):
+            ys = [[base[s][metric]] + [row[j] for row in matrix(r, metric, sets)] for r in runs]
             mean = [100 * statistics.mean(v) for v in zip(*ys)]
             ax.plot(x, mean, marker="o", label=s)
             ax.fill_between(x, [100 * min(v) for v in zip(*ys)],
                             [100 * max(v) for v in zip(*ys)], alpha=0.2)
         ax.set_title(f"{name} ({len(runs)} seed(s))")
-        ax.set_xticks(x, ["base", *(f"after {i + 1}" for i in range(len(SETS)))])
+        ax.set_xticks(x, ["base", *(f"after {i + 1}" for i in range(len(sets)))])
         ax.set_ylim(0, 100)
         ax.set_ylabel(f"{metric} %")
     axes[0][0].legend(fontsize=8)
@@ -221,7 +243,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     cfg0 = method_config(args, [], args.seeds[0])
-    sets = heldout_sets(",".join(SETS), args.n, None)
+    sets = heldout_sets(",".join(args.sets), args.n, None)
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
     design, out_json = same_design(args), os.path.join(args.out, "results.json")
     done = finished_runs(out_json, design) if args.resume else {}
@@ -239,19 +261,19 @@ def main(argv=None) -> int:
             results.setdefault(name, []).append({"seed": seed, **run})
             # written after every run: an interrupted experiment keeps what it finished
             with open(out_json, "w") as f:
-                json.dump({"args": vars(args), "design": design, "stages": STAGES,
-                           "sets": SETS, "metric": args.metric, "base": base,
+                json.dump({"args": vars(args), "design": design, "stages": args.stages,
+                           "sets": args.sets, "metric": args.metric, "base": base,
                            "results": results}, f, indent=2)
-            R = matrix(results[name][-1], args.metric)
+            R = matrix(results[name][-1], args.metric, args.sets)
             print(f"{name} seed {seed}: {args.metric} after each stage (rows) on "
-                  f"{', '.join(SETS)}: "
+                  f"{', '.join(args.sets)}: "
                   f"{[[round(100 * x, 1) for x in row] for row in R]}", flush=True)
-    md = table(base, results, args.metric)
+    md = table(base, results, args.metric, args.sets)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(md + "\n")
-    plot(base, results, os.path.join(args.out, "stages.png"), args.metric)
-    print(f"\nforgetting: {args.preset}, 3 x {args.stage_steps} steps, {args.n} held-out "
-          f"problems per stage, {len(args.seeds)} seed(s), wall "
+    plot(base, results, os.path.join(args.out, "stages.png"), args.metric, args.sets)
+    print(f"\nforgetting: {args.preset}, {len(args.stages)} x {args.stage_steps} steps, "
+          f"{args.n} held-out problems per stage, {len(args.seeds)} seed(s), wall "
           f"{(time.perf_counter() - t0) / 60:.1f} min; {args.out}/table.md, stages.png")
     print(md)
     return 0
