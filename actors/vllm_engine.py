@@ -109,11 +109,14 @@ class VLLMEngine:
 
     # ---- generation ----------------------------------------------------------------------
     def params(self, n: int, seed: int, temperature: float, max_tokens: int,
-               stop_ids: list[int]):
+               stop_ids: list[int], fixed_length: bool = False):
+        """fixed_length: every completion runs to max_tokens (EOS ignored; benchmarks only)."""
         from vllm import SamplingParams
 
-        return SamplingParams(**sampling_kwargs(temperature, max_tokens, seed, n),
-                              stop_token_ids=stop_ids, logprobs=self.top_k,
+        kwargs = sampling_kwargs(temperature, max_tokens, seed, n)
+        if fixed_length:
+            kwargs.update(min_tokens=max_tokens, ignore_eos=True)
+        return SamplingParams(**kwargs, stop_token_ids=stop_ids, logprobs=self.top_k,
                               flat_logprobs=True, detokenize=False)
 
     def generate(self, prompts: list[list[int]], params: list, adapter=None

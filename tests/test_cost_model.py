@@ -1,0 +1,78 @@
+"""tools.cost_model: the scaling projection's arithmetic on hand-picked figures (pure)."""
+
+import pytest
+
+from tools.cost_model import Calibration, Layout, amdahl, best_layouts, predict
+
+CAL = Calibration(decode_a_s=0.05, decode_b_s=0.001, call_steps=100.0, rollout_speedup_2=1.25,
+                  learner_s=4.0, learner_speedup_2=1.6, completions=16, sync_s=0.5,
+                  weights_gb=0.5, adapter_mb=20.0)
+WIDE = 1e9  # GB/s: bandwidth that never binds
+
+
+def test_amdahl_reproduces_the_two_thread_measurement_and_its_limits():
+    assert amdahl(1.6, 1) == pytest.approx(1.0)
+    assert amdahl(1.6, 2) == pytest.approx(1.6)  # the fit goes through the measurement
+    assert amdahl(2.0, 8) == pytest.approx(8.0)  # perfectly parallel
+    assert amdahl(1.0, 8) == pytest.approx(1.0)  # not parallel at all
+    p = 2 * (1 - 1 / 1.6)
+    assert amdahl(1.6, 4) == pytest.approx(1 / ((1 - p) + p / 4))
+    assert amdahl(1.6, 4) < amdahl(1.6, 8) < 1 / (1 - p)
+
+
+def test_a_step_is_the_slower_of_rollout_and_learner_plus_sync():
+    pr = predict(CAL, Layout(cores=2, workers=1, worker_threads=1, learner_threads=1), WIDE)
+    assert pr.rollout_s == pytest.approx(100 * (0.05 + 0.016))  # 6.6 s
+    assert pr.learner_s == pytest.approx(4.0)
+    assert pr.step_s == pytest.approx(6.6 + 0.5)
+    assert pr.completions == 16 and pr.completions_per_s == pytest.approx(16 / 7.1)
+    slow = predict(Calibration(**{**CAL.__dict__, "learner_s": 9.0}), Layout(2, 1, 1, 1), WIDE)
+    assert slow.step_s == pytest.approx(9.0 + 0.5)  # learner-bound
+
+
+def test_the_boxs_bandwidth_floors_every_decode_step():
+    pr = predict(CAL, Layout(cores=8, workers=4, worker_threads=1, learner_threads=4), 10.0)
+    assert pr.rollout_s == pytest.approx(100 * 4 * 0.5 / 10.0)  # 4 workers x 0.5 GB / 10 GB/s
+    assert pr.completions == 64
+
+
+def test_more_threads_than_cores_stretch_the_step():
+    alone = predict(CAL, Layout(cores=3, workers=1, worker_threads=2, learner_threads=1), WIDE)
+    shared = predict(CAL, Layout(cores=2, workers=1, worker_threads=2, learner_threads=1), WIDE)
+    assert shared.step_s - 0.5 == pytest.approx(1.5 * (alone.step_s - 0.5))
+
+
+def test_other_boxes_add_workers_and_a_network_hop():
+    one = predict(CAL, Layout(cores=4, workers=2, worker_threads=1, learner_threads=2), WIDE)
+    three = predict(CAL, Layout(4, 2, 1, 2, nodes=3), WIDE, network_gb_s=0.01)
+    assert three.completions == (2 + 2 * 4) * 16
+    assert three.learner_s == pytest.approx(one.learner_s * 10 / 2)  # 10 workers' rows vs 2
+    assert three.step_s == pytest.approx(max(three.rollout_s, three.learner_s) + 0.5 + 2.0)
+
+
+def test_best_layouts_use_every_core_once_and_come_fastest_first():
+    found = best_layouts(CAL, cores=14, box_bandwidth_gb_s=60.0, top=5)
+    assert len(found) == 5
+    rates = [pr.completions_per_s for _, pr in found]
+    assert rates == sorted(rates, reverse=True)
+    for lay, _ in found:
+        assert lay.workers * lay.worker_threads + lay.learner_threads <= 14
+
+
+def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
+    import json
+
+    from tools.cost_model import run_layout
+
+    rollout = {"num_workers": 2, "threads_per_worker": 1, "learner_threads": 1,
+               "prompts_per_step": 3, "group_size": 8}
+    (tmp_path / "config.json").write_text(json.dumps({"rollout": rollout}))
+    steps = [99.0, 50.0, 7.0, 6.0, 8.0]  # two warm-up steps, then 6-8 s
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"time/step_s": s, "time/rollout_s": s - 1}) + "\n" for s in steps))
+    lay, step_s, rollout_s = run_layout(str(tmp_path), cores=2)
+    assert lay == Layout(2, 2, 1, 1, rows=12)
+    assert (step_s, rollout_s) == (7.0, 6.0)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"time/step_s": 1.0}) + "\n")
+    with pytest.raises(ValueError, match="fewer than 3 steps"):
+        run_layout(str(tmp_path), cores=2)

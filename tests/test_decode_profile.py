@@ -1,0 +1,41 @@
+"""tools.decode_profile on the HF engine with a tiny random Llama (the vLLM path runs the same
+`profile` on VLLMEngine; its engine is tested in test_vllm_worker)."""
+
+import pytest
+
+from tools.decode_profile import HFEngine, best_time, profile, prompt_ids
+
+
+@pytest.fixture(scope="module")
+def hf_tiny():
+    from common.models import resolve_model
+
+    return HFEngine(resolve_model("tiny-random-llama"), threads=1)
+
+
+def test_rows_come_as_a_rollout_brings_them(hf_tiny):
+    prompts, copies = prompt_ids(hf_tiny.tok, 16)
+    assert (len(prompts), copies) == (2, 8)  # 2 prompts x G = 8
+    prompts, copies = prompt_ids(hf_tiny.tok, 4)
+    assert (len(prompts), copies) == (4, 1) and len(set(map(tuple, prompts))) == 4
+
+
+def test_every_row_runs_the_fixed_length_and_the_figures_agree(hf_tiny):
+    """EOS is masked until N tokens: the step time is (t_N - t_1) / (N - 1) of whole rows."""
+    prompts, copies = prompt_ids(hf_tiny.tok, 8)
+    assert hf_tiny.run(prompts, copies, 6) == 8 * 6
+    (row,) = profile(hf_tiny, [8], new_tokens=4, repeats=1, bandwidth=10e9, weights=10**6,
+                     kv_per_token=100.0, name="hf")
+    assert row["batch"] == 8 and row["step_ms"] > 0
+    assert row["decode_tok_s"] == pytest.approx(8 / (row["step_ms"] / 1e3))
+    assert row["bound_tok_s"] < 8 * 10e9 / 10**6  # the KV bytes take some of it
+    assert row["of_bound"] == pytest.approx(row["decode_tok_s"] / row["bound_tok_s"])
+
+
+def test_a_row_that_stops_early_is_an_error():
+    class Short:
+        def run(self, prompts, copies, new_tokens):
+            return len(prompts) * copies * new_tokens - 1
+
+    with pytest.raises(RuntimeError, match="stopped early"):
+        best_time(Short(), [[1, 2]], 8, 4, repeats=1)

@@ -1,0 +1,171 @@
+"""Decode speed per batch size against the memory-bandwidth bound (`tools.roofline`), per engine.
+
+    python -m tools.decode_profile                        # vLLM and HF, B = 1 4 8 16 32, 1 thread
+    python -m tools.decode_profile --engines hf --batches 16 --new-tokens 64 --json prof.json
+
+For each engine and batch size B, rows as a rollout call brings them (B/8 prompts x G=8; B < 8:
+B prompts x 1), every row generates exactly N new tokens (EOS ignored): once with N = 1 and once
+with N = --new-tokens. Per decode step = (t_N - t_1) / (N - 1), so prefill is out of it; decode
+tokens/s = B / step; the bound = B * bandwidth / (weight bytes + B * KV bytes at the mean
+context), bandwidth measured here on the engine's threads (`tools.roofline.read_bandwidth`).
+The call's tokens/s (prefill included) is B * N / t_N. Sampling at temperature 1 with the behaviour
+log-probs each engine records for the learner (HF: `BehaviourRecorder`; vLLM: top-20
+log-probs), as a rollout does; fp32, --threads threads (1: the presets' rollout worker); the
+best of --repeats calls.
+
+What it leaves out, and a real rollout pays: rows that stop early (the rows left pay nearly the
+whole step), verification, and the weight loads between calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from common.models import load_tokenizer, resolve_model
+from launch.presets import get_preset
+from rewards import format_prompt, make_task
+from tools.roofline import GB, decode_bytes, read_bandwidth
+
+GROUP = 8
+
+
+def prompt_ids(tok, batch: int) -> tuple[list[list[int]], int]:
+    """(token ids of the distinct prompts, copies of each) for a batch of `batch` rows."""
+    n, copies = (batch // GROUP, GROUP) if batch >= GROUP else (batch, 1)
+    task = make_task("arith", 1, None, 0)
+    texts = [format_prompt(tok, task.train_sample(i)["question"]) for i in range(n)]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts], copies
+
+
+def best_time(runner, prompts: list[list[int]], copies: int, new_tokens: int,
+              repeats: int) -> float:
+    """The fastest of `repeats` calls, after one warm-up call. A call in which a row did not
+    run all `new_tokens` steps is an error: the step time would be wrong."""
+    want = len(prompts) * copies * new_tokens
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        got = runner.run(prompts, copies, new_tokens)
+        if i:
+            times.append(time.perf_counter() - t0)
+        if got != want:
+            raise RuntimeError(f"{want} tokens asked for ({len(prompts) * copies} rows x "
+                               f"{new_tokens}), {got} generated: a row stopped early")
+    return min(times)
+
+
+class HFEngine:
+    """transformers `generate` as `actors.hf_worker` calls it (left padding, the recorder)."""
+
+    def __init__(self, path: str, threads: int):
+        from common.models import load_model
+
+        torch.set_num_threads(threads)
+        self.tok = load_tokenizer(path)
+        self.model = load_model(path, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
+        """Tokens generated (every row's new tokens)."""
+        from actors.sampling import BehaviourRecorder, hf_generation_config
+
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        rows = [p for p in prompts for _ in range(copies)]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])             # (B, P)
+        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # (B, P)
+        config = hf_generation_config(new_tokens, [self.tok.eos_token_id], pad)
+        config.min_new_tokens = new_tokens  # EOS masked until N: every row runs N steps
+        config.min_length = None  # (0 beside min_new_tokens draws a warning per call)
+        out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=config,
+                                  logits_processor=[BehaviourRecorder(1.0)])
+        return out.numel() - ids.numel()
+
+
+class VLLMRunner:
+    """`actors.vllm_engine.VLLMEngine` in this process, set up as the rollout worker sets it."""
+
+    def __init__(self, path: str, max_len: int, threads: int):
+        from actors.vllm_engine import VLLMEngine
+        from actors.vllm_setup import configure_env
+
+        cfg = get_preset("cpu-demo")
+        cfg.rollout.threads_per_worker = threads  # bound to this process's first cores
+        configure_env(cfg, "rollout-0")
+        self.tok = load_tokenizer(path)
+        self.engine = VLLMEngine(path, dtype="float32", seed=0, eager=True,
+                                 max_model_len=max_len, kv_cache_bytes=2**30)
+
+    def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
+        """Tokens generated (every completion's)."""
+        params = [self.engine.params(copies, 0, 1.0, new_tokens, [], fixed_length=True)
+                  for _ in prompts]
+        return sum(len(c.token_ids) for row in self.engine.generate(prompts, params)
+                   for c in row)
+
+
+def profile(runner, batches: list[int], new_tokens: int, repeats: int, bandwidth: float,
+            weights: int, kv_per_token: float, name: str) -> list[dict]:
+    rows = []
+    for b in batches:
+        prompts, copies = prompt_ids(runner.tok, b)
+        t1 = best_time(runner, prompts, copies, 1, repeats)
+        tn = best_time(runner, prompts, copies, new_tokens, repeats)
+        step = (tn - t1) / (new_tokens - 1)
+        context = sum(map(len, prompts)) / len(prompts) + new_tokens / 2
+        bound = b * bandwidth / (weights + b * kv_per_token * context)
+        row = {"engine": name, "batch": b, "step_ms": 1e3 * step, "decode_tok_s": b / step,
+               "call_tok_s": b * new_tokens / tn, "bound_tok_s": bound,
+               "of_bound": b / step / bound, "prefill_s": t1}
+        rows.append(row)
+        print(f"{name:5s} B={b:3d}: decode step {row['step_ms']:6.1f} ms, "
+              f"{row['decode_tok_s']:6.1f} tokens/s = {row['of_bound']:4.0%} of the bound "
+              f"({bound:.0f}); call with prefill {row['call_tok_s']:6.1f} tokens/s", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tools.decode_profile", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
+    p.add_argument("--engines", default="vllm,hf", help="comma-separated, of: vllm, hf")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens every row generates")
+    p.add_argument("--threads", type=int, default=1, help="threads of the engine")
+    p.add_argument("--repeats", type=int, default=3, help="calls per figure (the best is kept)")
+    p.add_argument("--json", default="", help="write every figure here")
+    args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    bad = [e for e in engines if e not in ("vllm", "hf")]
+    if bad or not engines:
+        p.error(f"--engines: {args.engines!r}: allowed: vllm, hf")
+    if args.new_tokens < 2 or min(args.batches) < 1:
+        p.error("--new-tokens must be >= 2 and --batches >= 1")
+    path = resolve_model(args.model)
+    weights, kv_100 = decode_bytes(path, torch.float32, 100)
+    bandwidth = read_bandwidth(args.threads)
+    print(f"{args.model} fp32: {weights / GB:.3f} GB of weights per decode step; read "
+          f"bandwidth, {args.threads} thread(s): {bandwidth / GB:.1f} GB/s; {args.new_tokens} "
+          f"new tokens a row", flush=True)
+    rows = []
+    for name in engines:  # vLLM first: it binds this process's OpenMP threads at start
+        runner = (VLLMRunner(path, 512, args.threads) if name == "vllm"
+                  else HFEngine(path, args.threads))
+        rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
+                        weights, kv_100 / 100, name)
+        del runner
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "bandwidth_gb_s": bandwidth / GB,
+                       "weights_gb": weights / GB,
+                       "new_tokens": args.new_tokens, "cpu_count": os.cpu_count(),
+                       "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
