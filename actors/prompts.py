@@ -63,7 +63,8 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
                                     styles=[prompts[i].get("style") for i in index])
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
-    bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working)  # metrics keep fmt
+    bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
+                         worker.cfg.reward.other_tag_bonus)                     # fmt
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,

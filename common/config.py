@@ -216,6 +216,9 @@ class RewardConfig:
     format_needs_working: bool = False
     """the format bonus counts only after working (a line with a number above the answer
     line): a bare `Answer: N` guess earns nothing (rewards/shaping.py)"""
+    other_tag_bonus: bool = True
+    """the format bonus pays 0.25 for a tag of another answer style than the prompt asked
+    for (false: only the asked style's tag pays, so a stage pulls away from earlier styles)"""
 
     def __post_init__(self):
         _int("reward.format_gate_steps", self.format_gate_steps, 0)

@@ -25,6 +25,8 @@ import re
 
 import numpy as np
 
+from rewards.verifiers import OTHER_TAG_SCORE
+
 _DIGIT = re.compile(r"\d")
 
 
@@ -35,10 +37,14 @@ def has_working(text: str) -> bool:
     return any(_DIGIT.search(ln) for ln in lines[:-1])
 
 
-def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool) -> np.ndarray:
+def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool,
+                 other_tag: bool = True) -> np.ndarray:
     """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
-    `needs_working` and a completion has no working before its last line (`has_working`)."""
+    `needs_working` and a completion has no working before its last line (`has_working`),
+    and, unless `other_tag`, where its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
     fmt = np.asarray(fmt, dtype=np.float32)                                         # (N,)
+    if not other_tag:
+        fmt = np.where(fmt == np.float32(OTHER_TAG_SCORE), np.float32(0.0), fmt)   # (N,)
     if not needs_working:
         return fmt
     return fmt * np.array([has_working(t) for t in texts], dtype=np.float32)       # (N,)

@@ -89,6 +89,10 @@ def error_result(code: str) -> RewardResult:
     return RewardResult(0.0, 0.0, None, code)
 
 
+OTHER_TAG_SCORE = 0.25
+"""format score of a completion whose only tagged answer is in another style than asked"""
+
+
 def format_score(text: str, style: str | None = None) -> float:
     """Score how well `text` follows the requested answer format.
 
@@ -104,7 +108,7 @@ def format_score(text: str, style: str | None = None) -> float:
         return 1.0
     if asked.tag.search(stripped):
         return 0.5
-    return 0.25 if has_tagged_answer(stripped) else 0.0
+    return OTHER_TAG_SCORE if has_tagged_answer(stripped) else 0.0
 
 
 def _symbolic_safe(expr: str) -> bool:

@@ -101,3 +101,23 @@ def test_format_bonus_pays_only_after_working_when_asked():
     texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "2 * 3 = 6\n6"]
     assert format_bonus(fmt, texts, True).tolist() == [1.0, 0.0, 0.5]
     assert format_bonus(fmt, texts, False).tolist() == [1.0, 1.0, 0.5]
+
+
+def test_other_style_tags_pay_nothing_when_the_bonus_is_off():
+    """reward.other_tag_bonus false: on a prompt asking for \\boxed{N}, an `Answer: 7` line
+    (format score 0.25) earns no bonus; the asked tag, last or not, still does."""
+    import numpy as np
+
+    from launch.cli import parse_config
+    from rewards.shaping import format_bonus
+    from rewards.verifiers import format_score
+
+    texts = ["3 + 4 = 7\nAnswer: 7", "3 + 4 = 7\n\\boxed{7}", "3 + 4 = 7\n\\boxed{7}\nDone.",
+             "3 + 4 = 7"]
+    fmt = np.array([format_score(t, "boxed") for t in texts], np.float32)
+    assert fmt.tolist() == [0.25, 1.0, 0.5, 0.0]
+    assert format_bonus(fmt, texts, True).tolist() == [0.25, 1.0, 0.5, 0.0]
+    assert format_bonus(fmt, texts, True, other_tag=False).tolist() == [0.0, 1.0, 0.5, 0.0]
+    cfg, _ = parse_config(["--preset", "tiny", "--reward.other_tag_bonus", "false"])
+    assert cfg.reward.other_tag_bonus is False
+    assert parse_config(["--preset", "tiny"])[0].reward.other_tag_bonus is True
