@@ -48,6 +48,13 @@ STYLES = {
         "Solve the problem. End your reply with a final line of the form '\\boxed{<number>}'.",
         re.compile(rf"^\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}\.?$"),
         re.compile(r"\\(?:boxed|fbox)\s*\{\s*[^\s{}]")),
+    # a near twin of "answer" (one word apart in the prompt): stages that ask for the two pull
+    # the same habit in two directions (tools.experiments.forgetting)
+    "result": AnswerStyle(
+        "result",
+        "Solve the problem. End your reply with a final line of the form 'Result: <number>'.",
+        re.compile(rf"(?i)^result:[ \t]*{_NUMBER}\.?$"),
+        re.compile(r"(?i)\bresult[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
 }
 DEFAULT_STYLE = "answer"
 

@@ -99,7 +99,8 @@ def format_score(text: str, style: str | None = None) -> float:
     1.0: the last non-empty line is in the answer style asked for (`rewards.styles`; by
     default `ANSWER_FORMAT`, "Answer: <number>").
     0.5: the asked style's tag is present elsewhere (an answer line followed by more text).
-    0.25: only another explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``).
+    0.25: only another explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``, or
+    another style's tag).
     0.0: no tagged answer at all.
     """
     stripped, asked = text.strip(), get_style(style)
@@ -108,7 +109,9 @@ def format_score(text: str, style: str | None = None) -> float:
         return 1.0
     if asked.tag.search(stripped):
         return 0.5
-    return OTHER_TAG_SCORE if has_tagged_answer(stripped) else 0.0
+    other = has_tagged_answer(stripped) or any(
+        s.tag.search(stripped) for s in STYLES.values() if s is not asked)
+    return OTHER_TAG_SCORE if other else 0.0
 
 
 def _symbolic_safe(expr: str) -> bool:

@@ -15,7 +15,7 @@ from rewards.styles import STYLES, get_style
 from rewards.verifiers import verify
 
 WORKING = "3 + 4 = 7\n"
-LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}"}
+LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}", "result": "Result: 7"}
 
 
 @pytest.mark.parametrize("style", list(STYLES))
@@ -36,7 +36,7 @@ def test_default_style_is_the_answer_line_and_unknown_styles_are_refused():
     assert format_score("Answer: 7") == format_score("Answer: 7", "answer") == 1.0
     assert format_score("#### 7") == 0.25
     assert get_style(None).instruction == INSTRUCTION
-    with pytest.raises(ValueError, match="allowed: answer, hash, boxed"):
+    with pytest.raises(ValueError, match="allowed: answer, hash, boxed, result"):
         get_style("latex")
     assert verify("Answer: 7", "7", "latex").error == "verifier_crash"  # never raises
 
