@@ -94,3 +94,19 @@ def test_release_memory_resets_the_high_water_mark_between_systems():
     del buf
     release_memory()
     assert _status_kb("VmHWM") - _status_kb("VmRSS") < 100 * 1024
+
+
+def test_trl_alone_is_timed_by_trls_own_runtime(capsys, tmp_path):
+    """--trl-alone: TRL only, no callback of ours; the s/step line is TRL's train_runtime
+    over every step, and --json keeps both figures."""
+    out = tmp_path / "alone.json"
+    assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--trl-alone",
+                              "--json", str(out)]) == 0
+    line = report_lines(capsys.readouterr().out)[-1]
+    m = re.fullmatch(r"trl alone: (\S+) s/step, the mean over all 2 steps "
+                     r"\(TRL's train_runtime (\S+) s\)", line)
+    assert m, line
+    data = json.loads(out.read_text())
+    assert data["train_runtime_s"] > 0
+    assert data["s_per_step_all"] == pytest.approx(data["train_runtime_s"] / 2)
+    assert float(m.group(1)) == pytest.approx(data["s_per_step_all"], rel=0.01)

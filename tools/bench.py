@@ -5,6 +5,7 @@
     python -m tools.bench --steps-per-call 1 --max-staleness 1   # one rollout call per step
     python -m tools.bench --order ours,trl              # run ours first
     python -m tools.bench --rollout-only                # generation throughput only
+    python -m tools.bench --trl-alone                   # TRL alone, timed by TRL itself
 
 Both systems get the same model (embedded SmolLM2-135M-Instruct, fp32: no AMX here), the same
 prompts (level-1 arithmetic, step k gets problems 2k and 2k+1 of `make_task("arith", 1, None,
@@ -165,8 +166,7 @@ def run_trl(s: Settings) -> dict:
     torch.set_num_threads(s.trl_threads)
     path = resolve_model(s.model)
     tok = load_tokenizer(path)
-    rows = [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
-            for p in bench_prompts(s, s.total_steps)]
+    rows = trl_rows(s, tok)
     tokens: list[int] = []
     stamps: list[float] = []
     timer = StepTimer()
@@ -183,6 +183,32 @@ def run_trl(s: Settings) -> dict:
                     footprint(children=False).peak_pss_gb)  # TRL scores in this process
     gen_s = [round(b - a, 3) for a, b in zip(timer.begins, stamps)]  # step begin -> reward
     return {**out, "setup_s": timer.marks[0] - t0, "generate_s": gen_s}
+
+
+def trl_rows(s: Settings, tok) -> list[dict]:
+    return [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
+            for p in bench_prompts(s, s.total_steps)]
+
+
+def run_trl_alone(s: Settings) -> tuple[list[str], dict]:
+    """TRL's GRPOTrainer with the same settings and no callback of ours, timed by TRL itself
+    (its `train_runtime`, every step, the warm-up included): a check that the bench's TRL
+    figure is TRL's own speed, not our harness's."""
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(s.trl_threads)
+    path = resolve_model(s.model)
+    tok = load_tokenizer(path)
+    reward = make_reward(s.format_weight, [], [])
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
+        trainer = trl_trainer(path, tok, trl_rows(s, tok), reward, trl_config(s, out),
+                              s.lora_r, s.lora_alpha, TrainerCallback())
+        runtime = trainer.train().metrics["train_runtime"]
+    per_step = runtime / s.total_steps
+    line = (f"trl alone: {fmt3(per_step)} s/step, the mean over all {s.total_steps} steps "
+            f"(TRL's train_runtime {runtime:.1f} s)")
+    return [machine_line(), settings_line(s), line], {"train_runtime_s": runtime,
+                                                       "s_per_step_all": per_step}
 
 
 # ---- ours -------------------------------------------------------------------------------------
@@ -277,6 +303,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="our rollout engine (default: vllm when vLLM is installed, else hf)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
     p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
+    p.add_argument("--trl-alone", action="store_true",
+                   help="TRL only, no callback of ours, timed by its own train_runtime")
     p.add_argument("--reps", type=int, default=3, help="--rollout-only: timed calls each")
     p.add_argument("--threads", type=int, default=1, help="--rollout-only: in-process threads")
     p.add_argument("--workers", default="1,2", help="--rollout-only: Ray worker counts")
@@ -303,6 +331,8 @@ def main(argv=None) -> int:
 
         workers = [int(w) for w in args.workers.split(",")]
         lines, data = rollout_only(s, args.reps, args.threads, workers)
+    elif args.trl_alone:
+        lines, data = run_trl_alone(s)
     else:
         lines, data = compare(s, args.order.split(","))
     if args.json:

@@ -10,8 +10,8 @@ tokens/s = B / step; the bound = B * bandwidth / (weight bytes + B * KV bytes at
 context), bandwidth measured here on the engine's threads (`tools.roofline.read_bandwidth`).
 The call's tokens/s (prefill included) is B * N / t_N. Sampling at temperature 1 with the behaviour
 log-probs each engine records for the learner (HF: `BehaviourRecorder`; vLLM: top-20
-log-probs), as a rollout does; fp32, --threads threads (1: the presets' rollout worker); the
-best of --repeats calls.
+log-probs), as a rollout does; fp32 (--dtype bf16: the weights in bf16), --threads threads
+(1: the presets' rollout worker); the best of --repeats calls.
 
 What it leaves out, and a real rollout pays: rows that stop early (the rows left pay nearly the
 whole step), verification, and the weight loads between calls.
@@ -62,12 +62,12 @@ def best_time(runner, prompts: list[list[int]], copies: int, new_tokens: int,
 class HFEngine:
     """transformers `generate` as `actors.hf_worker` calls it (left padding, the recorder)."""
 
-    def __init__(self, path: str, threads: int):
+    def __init__(self, path: str, threads: int, dtype: torch.dtype = torch.float32):
         from common.models import load_model
 
         torch.set_num_threads(threads)
         self.tok = load_tokenizer(path)
-        self.model = load_model(path, dtype=torch.float32).eval()
+        self.model = load_model(path, dtype=dtype).eval()
 
     @torch.no_grad()
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
@@ -90,7 +90,8 @@ class HFEngine:
 class VLLMRunner:
     """`actors.vllm_engine.VLLMEngine` in this process, set up as the rollout worker sets it."""
 
-    def __init__(self, path: str, max_len: int, threads: int):
+    def __init__(self, path: str, max_len: int, threads: int,
+                 dtype: torch.dtype = torch.float32):
         from actors.vllm_engine import VLLMEngine
         from actors.vllm_setup import configure_env
 
@@ -98,8 +99,8 @@ class VLLMRunner:
         cfg.rollout.threads_per_worker = threads  # bound to this process's first cores
         configure_env(cfg, "rollout-0")
         self.tok = load_tokenizer(path)
-        self.engine = VLLMEngine(path, dtype="float32", seed=0, eager=True,
-                                 max_model_len=max_len, kv_cache_bytes=2**30)
+        self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
+                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30)
 
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every completion's)."""
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="vllm,hf", help="comma-separated, of: vllm, hf")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--new-tokens", type=int, default=64, help="tokens every row generates")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="weights dtype")
     p.add_argument("--threads", type=int, default=1, help="threads of the engine")
     p.add_argument("--repeats", type=int, default=3, help="calls per figure (the best is kept)")
     p.add_argument("--json", default="", help="write every figure here")
@@ -146,22 +148,23 @@ def main(argv=None) -> int:
     if args.new_tokens < 2 or min(args.batches) < 1:
         p.error("--new-tokens must be >= 2 and --batches >= 1")
     path = resolve_model(args.model)
-    weights, kv_100 = decode_bytes(path, torch.float32, 100)
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    weights, kv_100 = decode_bytes(path, dtype, 100)
     bandwidth = read_bandwidth(args.threads)
-    print(f"{args.model} fp32: {weights / GB:.3f} GB of weights per decode step; read "
+    print(f"{args.model} {args.dtype}: {weights / GB:.3f} GB of weights per decode step; read "
           f"bandwidth, {args.threads} thread(s): {bandwidth / GB:.1f} GB/s; {args.new_tokens} "
           f"new tokens a row", flush=True)
     rows = []
     for name in engines:  # vLLM first: it binds this process's OpenMP threads at start
-        runner = (VLLMRunner(path, 512, args.threads) if name == "vllm"
-                  else HFEngine(path, args.threads))
+        runner = (VLLMRunner(path, 512, args.threads, dtype) if name == "vllm"
+                  else HFEngine(path, args.threads, dtype))
         rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
                         weights, kv_100 / 100, name)
         del runner
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "bandwidth_gb_s": bandwidth / GB,
-                       "weights_gb": weights / GB,
+            json.dump({"threads": args.threads, "dtype": args.dtype,
+                       "bandwidth_gb_s": bandwidth / GB, "weights_gb": weights / GB,
                        "new_tokens": args.new_tokens, "cpu_count": os.cpu_count(),
                        "rows": rows}, f, indent=2)
     return 0
