@@ -175,9 +175,8 @@ class Trainer:
         return sync_s
 
     def end_on_final_weights(self) -> int:
-        """Push the newest weights and settle the pool: every worker ends on them (e.g. to
-        evaluate with them), a replacement for one that died after its last rollout call
-        included. Returns how many workers were replaced."""
+        """Push the newest weights; every worker ends on them (e.g. to evaluate), a
+        replacement for one dead after its last rollout included. Returns workers replaced."""
         self.sync_weights()
         return self.pool.settle()
 
@@ -342,8 +341,7 @@ class Trainer:
             "reward_last_20pct": float(np.mean([r[M.REWARD_MEAN] for r in tail])) if rows else None,
             "correct_last_20pct": (float(np.mean([r[M.REWARD_CORRECT] for r in tail]))
                                    if rows else None),
-            "worker_restarts": self.pool.restarts,
-            "learner_restarts": self.learner_restarts,
+            "worker_restarts": self.pool.restarts, "learner_restarts": self.learner_restarts,
         }
         run_io.plot_curves(self.run_dir, rows)
         self.writer.summary(summary)
