@@ -76,3 +76,11 @@ def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"time/step_s": 1.0}) + "\n")
     with pytest.raises(ValueError, match="fewer than 3 steps"):
         run_layout(str(tmp_path), cores=2)
+
+
+def test_a_non_positive_figure_is_a_one_line_error(capsys):
+    from tools.cost_model import main
+
+    with pytest.raises(SystemExit):
+        main(["--learner-speedup-2", "0"])
+    assert "--learner-speedup-2 must be > 0" in capsys.readouterr().err

@@ -124,8 +124,8 @@ def predict(cal: Calibration, lay: Layout, box_bandwidth_gb_s: float,
 def best_layouts(cal: Calibration, cores: int, box_bandwidth_gb_s: float, nodes: int = 1,
                  network_gb_s: float = 1.25, rows: int = 16, top: int = 3
                  ) -> list[tuple[Layout, Prediction]]:
-    """The `top` layouts by completions/s of `nodes` boxes of `cores` cores, each laid out
-    alike (threads = cores: no oversubscription)."""
+    """The `top` layouts by completions/s of `nodes` boxes of `cores` cores: the learner's
+    box as searched (threads = cores: no oversubscription), every other box all workers."""
     found = []
     for lt in range(1, cores):
         for wt in (1, 2, 4):
@@ -177,6 +177,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.cores < 2 or min(args.nodes) < 1 or args.box_bandwidth <= 0:
         p.error("--cores must be >= 2, --nodes >= 1 and --box-bandwidth > 0")
+    bad = [f for f in Calibration.__dataclass_fields__ if getattr(args, f) <= 0]
+    if bad:
+        p.error(f"--{bad[0].replace('_', '-')} must be > 0")
     cal = Calibration(**{f: getattr(args, f) for f in Calibration.__dataclass_fields__})
     print("assumptions:\n" + "\n".join(f"  - {a}" for a in ASSUMPTIONS))
     if args.check:
