@@ -58,6 +58,17 @@ def fp32_lm_head(model) -> None:
     head.register_forward_pre_hook(lambda _m, args: (args[0].float(), *args[1:]))
 
 
+def left_padded(prompt_ids: list[list[int]], copies: int, pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt repeated `copies` times, left-padded to the longest: (input ids, attention
+    mask), both (N, P) with N = prompts x copies."""
+    rows = [ids for ids in prompt_ids for _ in range(copies)]
+    width = max(len(r) for r in rows)
+    input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])           # (N, P)
+    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])      # (N, P)
+    return input_ids, attn
+
+
 def load_base(cfg, path: str, dtype: torch.dtype):
     """The worker's copy of the policy's base. With lora.mode=qlora the linear weights are
     the dequantised NF4 weights the learner's 4-bit base holds (common/quant.py), so both
@@ -120,12 +131,9 @@ class HFRolloutWorker(RolloutWorker):
         (`BehaviourRecorder`, the only logits processor), in fp32.
         """
         pad = self.tokenizer.pad_token_id
-        rows = [ids for ids in prompt_ids for _ in range(group_size)]
-        width = max(len(r) for r in rows)
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows],
-                                 device=self.device)                                 # (N, P)
-        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows],
-                            device=self.device)                                      # (N, P)
+        input_ids, attn = left_padded(prompt_ids, group_size, pad)
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)           # (N, P)
+        width = input_ids.shape[1]
         torch.manual_seed(sampling.seed)
         r = self.cfg.rollout
         temperature = r.temperature if sampling.temperature is None else sampling.temperature

@@ -29,7 +29,7 @@ import torch
 from common.models import load_tokenizer, resolve_model
 from launch.presets import get_preset
 from rewards import format_prompt, make_task
-from tools.roofline import GB, decode_bytes, read_bandwidth
+from tools.roofline import GB, decode_bound, decode_bytes, read_bandwidth
 
 GROUP = 8
 
@@ -72,13 +72,11 @@ class HFEngine:
     @torch.no_grad()
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every row's new tokens)."""
+        from actors.hf_worker import left_padded
         from actors.sampling import BehaviourRecorder, hf_generation_config
 
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        rows = [p for p in prompts for _ in range(copies)]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])             # (B, P)
-        attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # (B, P)
+        ids, attn = left_padded(prompts, copies, pad)                                # (B, P)
         config = hf_generation_config(new_tokens, [self.tok.eos_token_id], pad)
         config.min_new_tokens = new_tokens  # EOS masked until N: every row runs N steps
         config.min_length = None  # (0 beside min_new_tokens draws a warning per call)
@@ -119,7 +117,7 @@ def profile(runner, batches: list[int], new_tokens: int, repeats: int, bandwidth
         tn = best_time(runner, prompts, copies, new_tokens, repeats)
         step = (tn - t1) / (new_tokens - 1)
         context = sum(map(len, prompts)) / len(prompts) + new_tokens / 2
-        bound = b * bandwidth / (weights + b * kv_per_token * context)
+        bound = decode_bound(b, bandwidth, weights, kv_per_token * context)
         row = {"engine": name, "batch": b, "step_ms": 1e3 * step, "decode_tok_s": b / step,
                "call_tok_s": b * new_tokens / tn, "bound_tok_s": bound,
                "of_bound": b / step / bound, "prefill_s": t1}

@@ -44,6 +44,12 @@ def decode_bytes(model_name: str, dtype: torch.dtype, context: int) -> tuple[int
     return weights, kv
 
 
+def decode_bound(batch: int, bandwidth: float, weight_bytes: float, kv_bytes: float) -> float:
+    """Tokens/s bound of decoding `batch` sequences: each step reads the weights once and every
+    sequence's KV cache (`kv_bytes` each) at `bandwidth` bytes/s."""
+    return batch * bandwidth / (weight_bytes + batch * kv_bytes)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools.roofline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
@@ -61,7 +67,7 @@ def main(argv=None) -> int:
         bw = read_bandwidth(t)
         print(f"read bandwidth, {t} thread(s): {bw / GB:.1f} GB/s")
         for b in sorted({1, args.batch}):
-            bound = b * bw / (weights + b * kv)
+            bound = decode_bound(b, bw, weights, kv)
             line = f"  bound at B={b}: {bound:.0f} tokens/s"
             if args.measured is not None and b == args.batch:
                 line += f"; measured {args.measured:.1f} = {args.measured / bound:.0%} of it"
