@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from rewards.phrasings import words
+
 # Longest digit run we turn into an exact number. Longer runs are never valid
 # answers for our tasks and would make Fraction/int conversion slow.
 MAX_NUMBER_DIGITS = 100
@@ -101,6 +103,26 @@ def extract_answer(text: str) -> tuple[str | None, str]:
     if numbers:
         return numbers[-1], "last_number"
     return None, "none"
+
+
+# "seven", "twenty one", "three hundred forty two" (hyphens as spaces, no "and") -> the number
+_NUMBER_OF_WORDS = {words(n).replace("-", " "): n for n in range(1000)}
+_LETTERS_RE = re.compile(r"[a-z]+")
+
+
+def number_from_words(text: str | None) -> int | None:
+    """The number 0..999 that `text` starts with, written in English words ("Seven.",
+    "twenty-one apples", "One hundred and five"), as `rewards.phrasings.words` spells it with
+    spaces or hyphens and an optional "and"; the longest such run counts. None when `text` does
+    not start with a number word ("7", "the sum is seven")."""
+    if not text:
+        return None
+    tokens = [t for t in _LETTERS_RE.findall(text[:200].lower()) if t != "and"][:4]
+    for k in range(len(tokens), 0, -1):  # at most "nine hundred ninety nine": 4 words
+        value = _NUMBER_OF_WORDS.get(" ".join(tokens[:k]))
+        if value is not None and text.lower().lstrip(" \t*_").startswith(tokens[0]):
+            return value
+    return None
 
 
 def has_tagged_answer(text: str) -> bool:

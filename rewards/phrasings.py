@@ -22,6 +22,8 @@ ITEMS = ("apples", "marbles", "stickers", "cards", "shells")
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+NUMBER_WORDS = (*_ONES, *_TENS[2:], "hundred")
+"""every word `words` writes"""
 
 
 def words(n: int) -> str:

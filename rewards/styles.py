@@ -4,8 +4,10 @@ A sample may carry `"style"` (default "answer"); its prompt ends with the style'
 and its format score (and so strict accuracy) is 1.0 only for a last line in that style, 0.5 for
 that style's tag elsewhere, 0.25 for another style's tag: a policy that has not yet learnt to
 stop after the answer line is still paid more for the tag it was asked for.
-Correctness does not depend on the style: the answer is extracted by any rule
-(`rewards.parsing`), so a right number in another style is right but not strict.
+Correctness does not depend on the style, but for `in_words` styles: the answer is extracted by
+any rule (`rewards.parsing`), so a right number in another style is right but not strict. A
+style `in_words` wants the number in English words ("Answer: seven"): there digits are wrong,
+as words are wrong for every other style (the parser reads no words as numbers).
 
 Styles exist for curricula whose stages ask for different answer lines: a policy trained on
 one style drifts to it on every prompt, which is forgetting a test can measure.
@@ -16,9 +18,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rewards.phrasings import NUMBER_WORDS
+
 # A number as the answer line may carry it: "$", a sign, thousands commas, decimals, an a/b
 # fraction, a trailing "%".
 _NUMBER = r"\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?"
+# 0..999 in words: "seven", "twenty-one", "one hundred and five"
+_WORD = "(?:" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True)) + ")"
+_IN_WORDS = rf"{_WORD}(?:(?:[ \t]+|-)(?:and[ \t]+)?{_WORD})*"
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class AnswerStyle:
     """the last non-empty line of a completion in this style"""
     tag: re.Pattern
     """this style's answer tag anywhere in a completion"""
+    in_words: bool = False
+    """the answer is the number in English words, 0..999 (`rewards.parsing.number_from_words`)"""
 
 
 STYLES = {
@@ -55,6 +64,16 @@ STYLES = {
         "Solve the problem. End your reply with a final line of the form 'Result: <number>'.",
         re.compile(rf"(?i)^result:[ \t]*{_NUMBER}\.?$"),
         re.compile(r"(?i)\bresult[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
+    # the "answer" line with the number in words: a few words apart in the prompt, and the
+    # opposite answer on the same problems, so a stage that asks for one after a stage that asked
+    # for the other unlearns it unless the policy reads the instruction (forgetting)
+    "words": AnswerStyle(
+        "words",
+        "Solve the problem. End your reply with a final line of the form "
+        "'Answer: <number in words>'.",
+        re.compile(rf"(?i)^answer:[ \t]*{_IN_WORDS}\.?$"),
+        re.compile(r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S"),
+        in_words=True),
 }
 DEFAULT_STYLE = "answer"
 

@@ -19,6 +19,7 @@ from rewards.parsing import (
     extract_answer,
     has_tagged_answer,
     normalize_answer,
+    number_from_words,
     to_fraction,
 )
 from rewards.styles import DEFAULT_STYLE, STYLES, get_style
@@ -232,11 +233,21 @@ def _verify(completion: object, answer: object, style: str | None = None) -> Rew
         return error_result(EMPTY)
     fmt = format_score(text, style)
     raw, _rule = extract_answer(text)
-    parsed = normalize_answer(raw)
+    asked = get_style(style)
+    if asked.in_words:
+        # the number in words is the answer ("Answer: seven (7)" too: read from the last tag,
+        # before the prose salvage keeps the digits); one in digits is parsed but wrong
+        tags = list(asked.tag.finditer(text))
+        raw = text[tags[-1].end() - 1:].split("\n", 1)[0] if tags else raw
+        value = number_from_words(raw)
+        parsed = str(value) if value is not None else normalize_answer(raw)
+        right = value is not None and is_equivalent(parsed, reference)
+    else:
+        parsed = normalize_answer(raw)
+        right = parsed is not None and is_equivalent(parsed, reference)
     if parsed is None:
         return RewardResult(0.0, fmt, None, NO_ANSWER)
-    score = 1.0 if is_equivalent(parsed, reference) else 0.0
-    return RewardResult(score, fmt, parsed, None)
+    return RewardResult(1.0 if right else 0.0, fmt, parsed, None)
 
 
 def verify(completion: str | bytes, answer: str, style: str | None = None) -> RewardResult:

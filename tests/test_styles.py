@@ -11,14 +11,21 @@ from common.config import ConfigError
 from launch.curriculum import Curriculum, parse_stages
 from launch.evaluate import heldout_sets
 from rewards import INSTRUCTION, VerifierPool, format_score, instruction_for, make_task
+from rewards.parsing import number_from_words
+from rewards.phrasings import words
 from rewards.styles import STYLES, get_style
 from rewards.verifiers import verify
 
 WORKING = "3 + 4 = 7\n"
 LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}", "result": "Result: 7"}
+DIGIT_STYLES = [s for s in STYLES if not STYLES[s].in_words]
 
 
-@pytest.mark.parametrize("style", list(STYLES))
+def test_every_digit_style_has_a_line_here():
+    assert sorted(LINES) == sorted(DIGIT_STYLES)
+
+
+@pytest.mark.parametrize("style", DIGIT_STYLES)
 def test_each_style_pays_full_format_only_for_its_own_final_line(style):
     for other, line in LINES.items():
         want = 1.0 if other == style else 0.25  # another style's tag: a tagged answer
@@ -30,6 +37,41 @@ def test_each_style_pays_full_format_only_for_its_own_final_line(style):
             0.5 if other == style else 0.25), (style, other)
     assert format_score(WORKING + "so 7", style) == 0.0
     assert get_style(style).instruction != get_style(None).instruction or style == "answer"
+
+
+def test_the_words_style_pays_only_for_the_number_in_words():
+    def scored(text, style):
+        r = verify(text, "7", style)
+        return r.score, r.format_score
+
+    assert scored(WORKING + "Answer: seven", "words") == (1.0, 1.0)
+    assert scored(WORKING + "Answer: Seven.", "words") == (1.0, 1.0)
+    assert scored(WORKING + "Answer: seven (7)", "words") == (1.0, 0.5)  # words, then more
+    assert scored(WORKING + "Answer: eight", "words") == (0.0, 1.0)      # in words, but wrong
+    # the same problem asked in digits and in words: each answer is wrong for the other ask
+    assert scored(WORKING + "Answer: 7", "words") == (0.0, 0.5)
+    assert scored(WORKING + "Answer: seven", "answer") == (0.0, 0.5)
+    assert scored(WORKING + "Answer: 7", "answer") == (1.0, 1.0)
+    assert scored(WORKING + "#### seven", "words") == (1.0, 0.25)         # right, not tagged
+    assert verify("The answer is seven.", "7", "words").error == "no_answer"
+    assert verify(WORKING + "Answer: twenty-one", "21", "words").score == 1.0
+    # the prompts differ only in what the number is asked in
+    assert STYLES["words"].instruction == STYLES["answer"].instruction.replace(
+        "<number>", "<number in words>")
+
+
+def test_number_words_are_read_as_words_writes_them():
+    for n in range(1000):
+        text = words(n)
+        assert number_from_words(text) == n
+        assert number_from_words(text.replace("-", " ").capitalize() + ".") == n
+        assert STYLES["words"].final_line.match(f"Answer: {text}"), text
+    assert number_from_words("one hundred and five apples") == 105
+    assert number_from_words("**Twenty-one**") == 21
+    for text in ("7", "7 seven", "the sum is seven", "", None, "sevens"):
+        assert number_from_words(text) is None, text
+    assert not STYLES["words"].final_line.match("Answer: 7")
+    assert not STYLES["words"].final_line.match("Answer: banana")
 
 
 def test_default_style_is_the_answer_line_and_unknown_styles_are_refused():
@@ -92,6 +134,8 @@ def test_heldout_set_names_take_a_style_suffix():
     assert sets["arith-1-unseen-hash"][0]["id"].startswith("arith-l1-unseen")
     with pytest.raises(ValueError, match="optionally ending in -STYLE"):
         heldout_sets("arith-2-latex", 4, None)
+    assert [s["style"] for s in heldout_sets("arith-1-words", 2, None)["arith-1-words"]] == [
+        "words"] * 2
 
 
 class _CharTokenizer(ChatTokenizer):
