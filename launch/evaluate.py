@@ -80,7 +80,8 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     with VerifierPool() as pool:
         results = pool.score(texts, answers, styles=styles)
         flat = [t for group in sampled or [] for t in group]
-        graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g])
+        graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g],
+                            styles=[st for st, g in zip(styles, sampled or []) for _ in g])
     n = len(samples)
     out = {
         "accuracy": sum(r.score for r in results) / n,

@@ -125,6 +125,11 @@ def number_from_words(text: str | None) -> int | None:
     return None
 
 
+def answer_tag_text(text: str) -> str | None:
+    """What follows the last "Answer:" tag, to the end of its line, as written (no salvage)."""
+    return _last_match(_ANSWER_TAG_RE, text)
+
+
 def has_tagged_answer(text: str) -> bool:
     """True when the text contains an explicit answer marker (####, boxed, Answer:)."""
     return bool(

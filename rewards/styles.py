@@ -72,7 +72,8 @@ STYLES = {
         "Solve the problem. End your reply with a final line of the form "
         "'Answer: <number in words>'.",
         re.compile(rf"(?i)^answer:[ \t]*{_IN_WORDS}\.?$"),
-        re.compile(r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S"),
+        # the tag with a number word: "Answer: 7" is the "answer" style's tag, not this one's
+        re.compile(rf"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*{_WORD}\b"),
         in_words=True),
 }
 DEFAULT_STYLE = "answer"

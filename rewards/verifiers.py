@@ -16,6 +16,7 @@ from fractions import Fraction
 
 from rewards.parsing import (
     MAX_NUMBER_DIGITS,
+    answer_tag_text,
     extract_answer,
     has_tagged_answer,
     normalize_answer,
@@ -237,8 +238,7 @@ def _verify(completion: object, answer: object, style: str | None = None) -> Rew
     if asked.in_words:
         # the number in words is the answer ("Answer: seven (7)" too: read from the last tag,
         # before the prose salvage keeps the digits); one in digits is parsed but wrong
-        tags = list(asked.tag.finditer(text))
-        raw = text[tags[-1].end() - 1:].split("\n", 1)[0] if tags else raw
+        raw = answer_tag_text(text) or raw
         value = number_from_words(raw)
         parsed = str(value) if value is not None else normalize_answer(raw)
         right = value is not None and is_equivalent(parsed, reference)

@@ -82,6 +82,20 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
     assert part["pass@1"] == pytest.approx((8 + 1) / 16) and part["pass@8"] == 1.0
 
 
+def test_sampled_completions_are_graded_in_each_question_s_style():
+    """pass@k asks what greedy accuracy asks: for a `words` question a digit answer is wrong."""
+    from launch.evaluate import score
+
+    samples = [{"question": "q0", "answer": "7", "style": "words"},
+               {"question": "q1", "answer": "7"}]
+    texts = ["Answer: seven", "Answer: seven"]
+    sampled = [["Answer: 7"] * 6 + ["Answer: seven"] * 2,   # 2 of 8 in words
+               ["Answer: 7"] * 6 + ["Answer: seven"] * 2]   # 6 of 8 in digits
+    out = score(samples, texts, [2, 2], 1.0, sampled)
+    assert out["accuracy"] == pytest.approx(1 / 2)  # the greedy words answer only
+    assert out["pass@1"] == pytest.approx((2 + 6) / 16)
+
+
 def _write(path, lines):
     path.write_text("".join(line + "\n" for line in lines))
     return str(path)

@@ -49,10 +49,12 @@ def test_the_words_style_pays_only_for_the_number_in_words():
     assert scored(WORKING + "Answer: seven (7)", "words") == (1.0, 0.5)  # words, then more
     assert scored(WORKING + "Answer: eight", "words") == (0.0, 1.0)      # in words, but wrong
     # the same problem asked in digits and in words: each answer is wrong for the other ask
-    assert scored(WORKING + "Answer: 7", "words") == (0.0, 0.5)
+    assert scored(WORKING + "Answer: 7", "words") == (0.0, 0.25)  # the "answer" style's tag
     assert scored(WORKING + "Answer: seven", "answer") == (0.0, 0.5)
     assert scored(WORKING + "Answer: 7", "answer") == (1.0, 1.0)
     assert scored(WORKING + "#### seven", "words") == (1.0, 0.25)         # right, not tagged
+    assert scored("Answer: seven\n3 + 4 = 7", "words") == (1.0, 0.5)      # the tag, not last
+    assert scored(WORKING + "Answer: sevens", "words") == (0.0, 0.25)
     assert verify("The answer is seven.", "7", "words").error == "no_answer"
     assert verify(WORKING + "Answer: twenty-one", "21", "words").score == 1.0
     # the prompts differ only in what the number is asked in
