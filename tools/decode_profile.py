@@ -108,14 +108,21 @@ class VLLMRunner:
                    for c in row)
 
 
+def decode_step(runner, batch: int, new_tokens: int, repeats: int
+                ) -> tuple[float, float, float, list[list[int]]]:
+    """(decode step, t_1, t_N, the prompts) at `batch` rows, seconds; the step is
+    (t_N - t_1) / (N - 1)."""
+    prompts, copies = prompt_ids(runner.tok, batch)
+    t1 = best_time(runner, prompts, copies, 1, repeats)
+    tn = best_time(runner, prompts, copies, new_tokens, repeats)
+    return (tn - t1) / (new_tokens - 1), t1, tn, prompts
+
+
 def profile(runner, batches: list[int], new_tokens: int, repeats: int, bandwidth: float,
             weights: int, kv_per_token: float, name: str) -> list[dict]:
     rows = []
     for b in batches:
-        prompts, copies = prompt_ids(runner.tok, b)
-        t1 = best_time(runner, prompts, copies, 1, repeats)
-        tn = best_time(runner, prompts, copies, new_tokens, repeats)
-        step = (tn - t1) / (new_tokens - 1)
+        step, t1, tn, prompts = decode_step(runner, b, new_tokens, repeats)
         context = sum(map(len, prompts)) / len(prompts) + new_tokens / 2
         bound = decode_bound(b, bandwidth, weights, kv_per_token * context)
         row = {"engine": name, "batch": b, "step_ms": 1e3 * step, "decode_tok_s": b / step,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from common.models import resolve_model
-from tools.decode_profile import HFEngine, best_time, prompt_ids
+from tools.decode_profile import HFEngine, decode_step, prompt_ids
 
 ARMS = {
     "all linears": lambda name: True,
@@ -59,11 +59,8 @@ def dynamic_int8(model, keep) -> tuple[torch.nn.Module, int]:
 
 
 def step_ms(engine: HFEngine, batch: int, new_tokens: int, repeats: int) -> float:
-    """The decode step at `batch` rows, ms: (t_N - t_1) / (N - 1), as tools.decode_profile."""
-    prompts, copies = prompt_ids(engine.tok, batch)
-    t1 = best_time(engine, prompts, copies, 1, repeats)
-    tn = best_time(engine, prompts, copies, new_tokens, repeats)
-    return 1e3 * (tn - t1) / (new_tokens - 1)
+    """The decode step at `batch` rows, ms (`tools.decode_profile.decode_step`)."""
+    return 1e3 * decode_step(engine, batch, new_tokens, repeats)[0]
 
 
 @torch.no_grad()
