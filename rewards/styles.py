@@ -65,8 +65,8 @@ STYLES = {
         re.compile(rf"(?i)^result:[ \t]*{_NUMBER}\.?$"),
         re.compile(r"(?i)\bresult[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
     # the "answer" line with the number in words: a few words apart in the prompt, and the
-    # opposite answer on the same problems, so a stage that asks for one after a stage that asked
-    # for the other unlearns it unless the policy reads the instruction (forgetting)
+    # opposite answer on the same problems, meant for stages that pull one habit two ways (the
+    # embedded model never samples number words, so it cannot learn this stage: README)
     "words": AnswerStyle(
         "words",
         "Solve the problem. End your reply with a final line of the form "
