@@ -118,9 +118,11 @@ def number_from_words(text: str | None) -> int | None:
     if not text:
         return None
     tokens = [t for t in _LETTERS_RE.findall(text[:200].lower()) if t != "and"][:4]
+    if not tokens or not text.lower().lstrip(" \t*_").startswith(tokens[0]):
+        return None  # "7 seven": the first word is not where the text starts
     for k in range(len(tokens), 0, -1):  # at most "nine hundred ninety nine": 4 words
         value = _NUMBER_OF_WORDS.get(" ".join(tokens[:k]))
-        if value is not None and text.lower().lstrip(" \t*_").startswith(tokens[0]):
+        if value is not None:
             return value
     return None
 

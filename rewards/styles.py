@@ -26,6 +26,8 @@ _NUMBER = r"\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?"
 # 0..999 in words: "seven", "twenty-one", "one hundred and five"
 _WORD = "(?:" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True)) + ")"
 _IN_WORDS = rf"{_WORD}(?:(?:[ \t]+|-)(?:and[ \t]+)?{_WORD})*"
+# "Answer:" as a tag, markdown emphasis tolerated ("**Answer:** 7")
+_ANSWER_TAG = r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*"
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ STYLES = {
         "answer",
         "Solve the problem. End your reply with a final line of the form 'Answer: <number>'.",
         re.compile(rf"(?i)^answer:[ \t]*{_NUMBER}\.?$"),
-        re.compile(r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
+        re.compile(_ANSWER_TAG + r"\S")),
     "hash": AnswerStyle(
         "hash",
         "Solve the problem. End your reply with a final line of the form '#### <number>'.",
@@ -73,7 +75,7 @@ STYLES = {
         "'Answer: <number in words>'.",
         re.compile(rf"(?i)^answer:[ \t]*{_IN_WORDS}\.?$"),
         # the tag with a number word: "Answer: 7" is the "answer" style's tag, not this one's
-        re.compile(rf"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*{_WORD}\b"),
+        re.compile(rf"{_ANSWER_TAG}{_WORD}\b"),
         in_words=True),
 }
 DEFAULT_STYLE = "answer"
