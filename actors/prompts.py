@@ -58,13 +58,13 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
     comps, lps, ents, reasons = sampled
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in keep for _ in range(group_size)]
+    styles = [prompts[i].get("style") for i in index]
     results = worker.verifier.score(texts, [prompts[i]["answer"] for i in index],
-                                    timeout_s=worker.cfg.rollout.reward_timeout_s,
-                                    styles=[prompts[i].get("style") for i in index])
+                                    timeout_s=worker.cfg.rollout.reward_timeout_s, styles=styles)
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
     bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
-                         worker.cfg.reward.other_tag_bonus)                     # fmt
+                         worker.cfg.reward.other_tag_bonus, styles)             # fmt
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,

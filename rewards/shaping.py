@@ -25,6 +25,7 @@ import re
 
 import numpy as np
 
+from rewards.styles import get_style
 from rewards.verifiers import OTHER_TAG_SCORE
 
 _DIGIT = re.compile(r"\d")
@@ -38,16 +39,19 @@ def has_working(text: str) -> bool:
 
 
 def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool,
-                 other_tag: bool = True) -> np.ndarray:
+                 other_tag: bool = True, styles: list[str | None] | None = None) -> np.ndarray:
     """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
-    `needs_working` and a completion has no working before its last line (`has_working`),
-    and, unless `other_tag`, where its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
+    `needs_working` and a completion has no working before its last line (`has_working`;
+    never for a `one_line` style's sample, `styles[i]`, which asks for no working), and,
+    unless `other_tag`, where its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
     fmt = np.asarray(fmt, dtype=np.float32)                                         # (N,)
     if not other_tag:
         fmt = np.where(fmt == np.float32(OTHER_TAG_SCORE), np.float32(0.0), fmt)   # (N,)
     if not needs_working:
         return fmt
-    return fmt * np.array([has_working(t) for t in texts], dtype=np.float32)       # (N,)
+    styles = styles if styles is not None else [None] * len(texts)
+    worked = [get_style(s).one_line or has_working(t) for t, s in zip(texts, styles)]
+    return fmt * np.array(worked, dtype=np.float32)                                 # (N,)
 
 
 def combine(correct: np.ndarray, fmt: np.ndarray, weight: float,

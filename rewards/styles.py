@@ -29,6 +29,12 @@ _IN_WORDS = rf"{_WORD}(?:(?:[ \t]+|-)(?:and[ \t]+)?{_WORD})*"
 # "Answer:" as a tag, markdown emphasis tolerated ("**Answer:** 7")
 _ANSWER_TAG = r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*"
 
+# one line of at most SHORT_CHARS characters with a number in it and no answer tag of any
+# style ("7", "3 + 4 = 7", "The sum is 7."); applied to the whole stripped reply
+SHORT_CHARS = 40
+_SHORT = re.compile(r"(?i)^(?=[^\n]*\d)(?![^\n]*\b(?:answer|result)[ \t]*[*_]*[ \t]*:)"
+                    r"(?![^\n]*####)(?![^\n]*\\(?:boxed|fbox))[^\n]{1," + str(SHORT_CHARS) + "}$")
+
 
 @dataclass(frozen=True)
 class AnswerStyle:
@@ -41,6 +47,10 @@ class AnswerStyle:
     """this style's answer tag anywhere in a completion"""
     in_words: bool = False
     """the answer is the number in English words, 0..999 (`rewards.parsing.number_from_words`)"""
+    one_line: bool = False
+    """the whole reply is the answer line, no working wanted: format 1.0 only for a reply of
+    one line that `final_line` matches, else 0; no working is asked of it for the bonus
+    (`rewards.shaping.format_bonus`), and its pattern is no other style's tag"""
 
 
 STYLES = {
@@ -77,6 +87,13 @@ STYLES = {
         # the tag with a number word: "Answer: 7" is the "answer" style's tag, not this one's
         re.compile(rf"{_ANSWER_TAG}{_WORD}\b"),
         in_words=True),
+    # the opposite habit to every tagged style: one short line, no working and no answer tag. A
+    # policy trained on it writes short replies everywhere and drops the other styles' lines
+    # (the forgetting experiment's "length" design); the embedded model samples such replies
+    "short": AnswerStyle(
+        "short",
+        "Give just the answer as a number, with no working and no other words.",
+        _SHORT, _SHORT, one_line=True),
 }
 DEFAULT_STYLE = "answer"
 

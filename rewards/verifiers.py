@@ -104,15 +104,18 @@ def format_score(text: str, style: str | None = None) -> float:
     0.25: only another explicit tagged answer (``####``, ``\\boxed{}``, ``Answer:``, or
     another style's tag).
     0.0: no tagged answer at all.
+    A `one_line` style (`short`): 1.0 for a reply that is one such line, else 0.0.
     """
     stripped, asked = text.strip(), get_style(style)
+    if asked.one_line:  # the whole reply is the line; a tag or working makes it not one
+        return 1.0 if asked.final_line.match(stripped) else 0.0
     last_line = stripped.rsplit("\n", 1)[-1].strip()
     if asked.final_line.match(last_line):
         return 1.0
     if asked.tag.search(stripped):
         return 0.5
     other = has_tagged_answer(stripped) or any(
-        s.tag.search(stripped) for s in STYLES.values() if s is not asked)
+        s.tag.search(stripped) for s in STYLES.values() if s is not asked and not s.one_line)
     return OTHER_TAG_SCORE if other else 0.0
 
 

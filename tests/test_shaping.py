@@ -103,6 +103,20 @@ def test_format_bonus_pays_only_after_working_when_asked():
     assert format_bonus(fmt, texts, False).tolist() == [1.0, 1.0, 0.5]
 
 
+def test_a_one_line_style_needs_no_working_for_its_bonus():
+    """The `short` style asks for no working: its one-line reply keeps the bonus when
+    reward.format_needs_working zeroes a bare `Answer: 7` on an answer prompt."""
+    import numpy as np
+
+    from rewards.shaping import format_bonus
+
+    fmt = np.array([1.0, 1.0, 1.0], np.float32)
+    texts = ["7", "Answer: 7", "3 + 4 = 7\nAnswer: 7"]
+    styles = ["short", "answer", None]
+    assert format_bonus(fmt, texts, True, styles=styles).tolist() == [1.0, 0.0, 1.0]
+    assert format_bonus(fmt, texts, True).tolist() == [0.0, 0.0, 1.0]  # no styles: all need it
+
+
 def test_other_style_tags_pay_nothing_when_the_bonus_is_off():
     """reward.other_tag_bonus false: on a prompt asking for \\boxed{N}, an `Answer: 7` line
     (format score 0.25) earns no bonus; the asked tag, last or not, still does."""

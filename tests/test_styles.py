@@ -18,7 +18,7 @@ from rewards.verifiers import verify
 
 WORKING = "3 + 4 = 7\n"
 LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}", "result": "Result: 7"}
-DIGIT_STYLES = [s for s in STYLES if not STYLES[s].in_words]
+DIGIT_STYLES = [s for s in STYLES if not STYLES[s].in_words and not STYLES[s].one_line]
 
 
 def test_every_digit_style_has_a_line_here():
@@ -60,6 +60,28 @@ def test_the_words_style_pays_only_for_the_number_in_words():
     # the prompts differ only in what the number is asked in
     assert STYLES["words"].instruction == STYLES["answer"].instruction.replace(
         "<number>", "<number in words>")
+
+
+def test_the_short_style_pays_only_for_a_reply_of_one_short_line_with_no_tag():
+    def scored(text, style="short"):
+        r = verify(text, "7", style)
+        return r.score, r.format_score
+
+    assert scored("7") == (1.0, 1.0)
+    assert scored("3 + 4 = 7") == (1.0, 1.0)
+    assert scored("The sum is 7.\n") == (1.0, 1.0)
+    assert scored("8") == (0.0, 1.0)                        # short, but wrong
+    assert scored(WORKING + "7") == (1.0, 0.0)              # working above: two lines
+    for line in LINES.values():                             # any answer tag is not short
+        assert scored(line) == (1.0, 0.0), line
+        assert scored(WORKING + line) == (1.0, 0.0), line
+    long_line = "The number of birds on the tree is now 7."  # one line, 41 characters
+    assert len(long_line) == 41 and scored(long_line) == (1.0, 0.0)
+    assert scored(long_line[:-2] + ".") == (0.0, 0.0)       # 40 characters, no number in it
+    # a short reply is no other style's tag: on an "Answer:" prompt it earns no format score
+    assert format_score("3 + 4 = 7", "answer") == 0.0
+    assert format_score(WORKING + "Answer: 7", "answer") == 1.0
+    assert get_style("short").instruction.startswith("Give just the answer")
 
 
 def test_number_words_are_read_as_words_writes_them():
