@@ -9,11 +9,12 @@
     python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
 The stages (default `STAGES`; `--styles` orders them) ask for the same kind of problem with a
-different final answer line each (`rewards.styles`: "Answer: N", then "\\boxed{N}", then
-"#### N"): a policy trained on one answer line drifts to it on every prompt, so stage 1's
-tagged accuracy (right *and* with the asked answer tag; `--metric strict_accuracy`: the tag on
-the last line, which the embedded model barely learns in 30 steps: it writes the line and goes
-on) is what plain sequential training loses. A method is a set of `launch.train`
+different reply each (`rewards.styles`): "#### N" after working, then "Answer: N" after working,
+then `short`, just the number on one line. The last pulls against both before it: a policy
+trained to answer in one short line drops the tagged lines everywhere, so stage 1's tagged
+accuracy (right *and* with the asked answer tag; `--metric strict_accuracy`: the tag on the last
+line) is what plain sequential training loses, and a method that keeps stage 1 must teach the
+policy to tell the prompts apart. A method is a set of `launch.train`
 flags (`METHODS`; `--ewc-lams` adds EWC arms on a log grid). For every method and seed: train
 the curriculum (a local Ray cluster, the real driver), save the policy after each stage and
 score it greedily on every stage's held-out set. Writes OUT/results.json (every matrix),
@@ -42,9 +43,11 @@ from rewards.styles import DEFAULT_STYLE
 from rewards.styles import STYLES as ANSWER_STYLES
 from tools.experiments.cl_metrics import summarize
 
-# "Answer: N" first (README, "Forgetting"): started on "\boxed{N}", seed 0 learnt the sums but
-# no answer tag at all in 30 steps (the bonus needs working above the line; tagged accuracy 0)
-STYLES = ("answer", "boxed", "hash")
+# Measured (README, "Forgetting"): "Answer: N" is the embedded model's own habit and outlasts
+# later stages; "#### N" first is learnt a little and the "Answer:" stage lifts it; `short` last
+# is learnt from a tagged policy and wipes both tags; `short` first locks the policy into short
+# replies (the tagged stages after it learnt nothing).
+STYLES = ("hash", "answer", "short")
 
 
 def stage_design(styles) -> tuple[tuple[str, ...], tuple[str, ...]]:
