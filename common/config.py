@@ -260,9 +260,9 @@ class CurriculumConfig:
     """SENT: completions M sampled per prompt (temperature 1) to estimate its answer entropy"""
     sent_pool: int = 64
     """SENT: training prompts per stage that are scored and ordered (then cycled)"""
-    replay: float = 0.0
+    replay: float = 0.25
     """on-policy replay: expected fraction of each step's prompts drawn from earlier stages'
-    training prompts (generated fresh by the current policy); 0 = off"""
+    training prompts (generated fresh by the current policy); 0 = off; acts from stage 2 on"""
 
     def __post_init__(self):
         _choice("curriculum.task", self.task, ("arith", "gsm8k"))

@@ -144,6 +144,38 @@ def test_forgetting_resume_keeps_only_runs_of_the_same_design(tmp_path):
     assert finished_runs(str(tmp_path / "none.json"), design) == {}
 
 
+def test_forgetting_resume_over_a_subset_keeps_the_other_saved_runs():
+    """results.json after a --resume over some methods and seeds still holds every saved run of
+    the design: a new run of a (method, seed) replaces the saved one, the others stay."""
+    from tools.experiments.forgetting import kept_with
+
+    def run(seed, wall):
+        return {"seed": seed, "after": [], "wall_s": wall, "peak_pss_gb": 1.0}
+
+    done = {"naive": [run(0, 1.0), run(1, 2.0), run(2, 3.0)], "replay": [run(1, 4.0)]}
+    new = {"naive": [run(0, 1.0)], "ewc-1e3": [run(0, 9.0)], "replay": [run(1, 5.0)]}
+    out = kept_with(new, done)
+    assert [r["seed"] for r in out["naive"]] == [0, 1, 2]
+    assert [r["wall_s"] for r in out["naive"]] == [1.0, 2.0, 3.0]
+    assert out["replay"] == [run(1, 5.0)]  # the new run, not the saved one
+    assert out["ewc-1e3"] == [run(0, 9.0)] and set(out) == {"naive", "replay", "ewc-1e3"}
+    assert kept_with(new, {}) == new
+
+
+def test_forgetting_arms_replay_only_where_named():
+    """Replay is the curriculum's default, so every other arm turns it off: naive, anchor-KL and
+    each EWC arm train without it; the replay arms with 0.25."""
+    from tools.experiments.forgetting import method_config, parse_args
+
+    args = parse_args(["--seeds", "0", "--ewc-lams", "1e3", "--stage-steps", "2"])
+    cfgs = {m: method_config(args, flags, 0) for m, flags in args.method_flags.items()}
+    assert {m: c.curriculum.replay for m, c in cfgs.items()} == {
+        "naive": 0.0, "replay": 0.25, "anchor-kl": 0.0, "replay+anchor-kl": 0.25,
+        "ewc-1e3": 0.0}
+    assert cfgs["ewc-1e3"].ewc.lam == 1e3 and cfgs["naive"].ewc.lam == 0.0
+    assert cfgs["anchor-kl"].ewc.anchor_kl == 0.1 and cfgs["naive"].ewc.anchor_kl == 0.0
+
+
 def test_forgetting_starts_a_run_that_is_not_kept_in_an_empty_directory(tmp_path):
     from tools.experiments.forgetting import fresh_dir
 

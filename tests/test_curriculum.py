@@ -32,13 +32,26 @@ def test_parse_stages_fills_the_last_stage_and_rejects_bad_specs():
 
 
 def test_stage_transitions_at_the_right_steps():
-    cur = Curriculum(cfg_with("arith:1:2,arith:2:3,arith:3:1", 6))
+    cfg = cfg_with("arith:1:2,arith:2:3,arith:3:1", 6)
+    cfg.curriculum.replay = 0.0  # each stage's own prompts only (replay: the test below)
+    cur = Curriculum(cfg)
     got = [cur.prompts(k) for k in range(6)]
     assert [s for s, _ in got] == [0, 0, 1, 1, 1, 2]
     assert [p[0]["level"] for _, p in got] == [1, 1, 2, 2, 2, 3]
     # Within a stage the data cursor restarts at 0: the same prompts as a fresh stage-2 task.
     fresh = Curriculum(cfg_with("arith:2:6", 6))
     assert got[2][1] == fresh.prompts(0)[1]
+
+
+def test_the_default_curriculum_replays_earlier_stages():
+    """Replay is the default continual method (README, "Forgetting"): with no flag, a later
+    stage's steps hold some of the earlier stages' prompts; one stage has none to replay."""
+    cur = Curriculum(cfg_with("arith:1:5,arith:2:100", 105))
+    steps = [cur.prompts(k)[1] for k in range(105)]
+    levels = [p["level"] for step in steps[5:] for p in step]
+    assert 0.1 < levels.count(1) / len(levels) < 0.4
+    one = Curriculum(cfg_with("arith:2:20", 20))
+    assert all(p["level"] == 2 for k in range(20) for p in one.prompts(k)[1])
 
 
 def test_replay_mixes_earlier_stages_prompts_at_the_asked_rate_and_resumes_the_same():

@@ -60,10 +60,11 @@ def stage_design(styles) -> tuple[tuple[str, ...], tuple[str, ...]]:
 STAGES, SETS = stage_design(STYLES)  # stage j's spec and its held-out set
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
 SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
+NO_REPLAY = ["--curriculum.replay", "0"]  # every arm names its replay: the default is replay
 METHODS = {
-    "naive": [],
+    "naive": NO_REPLAY,
     "replay": ["--curriculum.replay", "0.25"],
-    "anchor-kl": ["--ewc.anchor_kl", "0.1"],
+    "anchor-kl": ["--ewc.anchor_kl", "0.1", *NO_REPLAY],
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
 
@@ -89,7 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/forgetting", help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="keep the (method, seed) runs OUT/results.json already holds for the "
-                        "same stages, steps, sets and preset; run only the rest")
+                        "same stages, steps, sets and preset; run only the rest (results.json "
+                        "keeps the saved runs not asked for too; the table shows those asked)")
     p.add_argument("train_flags", nargs=argparse.REMAINDER,
                    help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
     args = p.parse_args(argv)
@@ -102,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if bad:
         p.error(f"--methods: {', '.join(bad)}: allowed: {', '.join(METHODS)}")
     for lam in [x for x in args.ewc_lams.split(",") if x]:
-        methods[f"ewc-{lam}"] = ["--ewc.lam", lam]
+        methods[f"ewc-{lam}"] = ["--ewc.lam", lam, *NO_REPLAY]
     args.method_flags = methods
     styles = [x for x in args.styles.split(",") if x]
     bad = [x for x in styles if x not in ANSWER_STYLES]
@@ -178,6 +180,16 @@ def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
     except (OSError, ValueError):
         return {}
     return saved.get("results", {}) if saved.get("design") == design else {}
+
+
+def kept_with(results: dict, done: dict) -> dict[str, list[dict]]:
+    """What results.json holds: this invocation's runs, plus the saved runs of the same design
+    it did not ask for (another method or seed), so a --resume over a subset loses none."""
+    out = {m: list(rs) for m, rs in results.items()}
+    for m, rs in done.items():
+        seeds = {r["seed"] for r in out.get(m, [])}
+        out.setdefault(m, []).extend(r for r in rs if r["seed"] not in seeds)
+    return {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in out.items()}
 
 
 def matrix(run: dict, metric: str, sets=SETS) -> list[list[float]]:
@@ -266,7 +278,7 @@ def main(argv=None) -> int:
             with open(out_json, "w") as f:
                 json.dump({"args": vars(args), "design": design, "stages": args.stages,
                            "sets": args.sets, "metric": args.metric, "base": base,
-                           "results": results}, f, indent=2)
+                           "results": kept_with(results, done)}, f, indent=2)
             R = matrix(results[name][-1], args.metric, args.sets)
             print(f"{name} seed {seed}: {args.metric} after each stage (rows) on "
                   f"{', '.join(args.sets)}: "
