@@ -176,6 +176,34 @@ def test_forgetting_arms_replay_only_where_named():
     assert cfgs["anchor-kl"].ewc.anchor_kl == 0.1 and cfgs["naive"].ewc.anchor_kl == 0.0
 
 
+def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path, capsys):
+    """--table-only writes table.md and stages.png from results.json: every saved seed of the
+    asked methods (here 2 of naive, 1 of an EWC arm; not the unasked replay); another design or
+    no saved run of the asked methods is a one-line error."""
+    from tools.experiments.forgetting import METRICS, SETS, main, parse_args, same_design
+
+    def run(seed, last):
+        rows = [[0.6, 0.1, 0.1], [0.3, 0.7, 0.1], [last, 0.2, 0.8]]
+        return {"seed": seed, "wall_s": 60.0, "peak_pss_gb": 2.0,
+                "after": [{s: {m: x for m in METRICS} for s, x in zip(SETS, row)}
+                          for row in rows]}
+
+    flags = ["--out", str(tmp_path), "--stage-steps", "5", "--n", "10"]
+    saved = {"design": same_design(parse_args(flags)),
+             "base": {s: {m: 0.1 for m in METRICS} for s in SETS},
+             "results": {"naive": [run(0, 0.1), run(1, 0.3)], "ewc-1e3": [run(0, 0.5)],
+                         "replay": [run(0, 0.6)]}}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    assert main([*flags, "--methods", "naive", "--ewc-lams", "1e3", "--table-only"]) == 0
+    md = (tmp_path / "table.md").read_text()
+    assert "| naive | 2 | 20.0 (10.0 to 30.0) |" in md and "| ewc-1e3 | 1 | 50.0 " in md
+    assert "| replay |" not in md and (tmp_path / "stages.png").stat().st_size > 0
+    for argv, msg in [(["--stage-steps", "6"], "another design"),
+                      (["--methods", "anchor-kl"], "no runs of anchor-kl")]:
+        with pytest.raises(SystemExit, match=msg):
+            main([*flags, *argv, "--table-only"])
+
+
 def test_forgetting_starts_a_run_that_is_not_kept_in_an_empty_directory(tmp_path):
     from tools.experiments.forgetting import fresh_dir
 

@@ -3,6 +3,7 @@
     python -m tools.experiments.forgetting --seeds 0 1 2                 # every method, 3 seeds
     python -m tools.experiments.forgetting --quick                       # 1 seed, a smaller check
     python -m tools.experiments.forgetting --seeds 0 1 2 --resume        # keep finished runs
+    python -m tools.experiments.forgetting --table-only --ewc-lams 1e3   # table the saved runs
     python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
     python -m tools.experiments.forgetting --methods naive --ewc-lams 1e2,1e3,1e4 -- \
         --rollout.engine vllm                     # after --: launch.train flags for every arm
@@ -92,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="keep the (method, seed) runs OUT/results.json already holds for the "
                         "same stages, steps, sets and preset; run only the rest (results.json "
                         "keeps the saved runs not asked for too; the table shows those asked)")
+    p.add_argument("--table-only", action="store_true",
+                   help="no training: table and plot every saved run of the asked methods in "
+                        "OUT/results.json (any seeds; the same design)")
     p.add_argument("train_flags", nargs=argparse.REMAINDER,
                    help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
     args = p.parse_args(argv)
@@ -254,13 +258,48 @@ def plot(base: dict, results: dict, path: str, metric: str, sets=SETS) -> None:
     fig.savefig(path, dpi=110)
 
 
+def saved_table(path: str, design: dict, methods) -> tuple[dict, dict]:
+    """(base scores, {method: runs}) that results.json at `path` holds for `design`, every
+    saved seed of each asked method (--table-only); a missing file or another design exits."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"forgetting: --table-only: cannot read {path}: {e}") from None
+    if saved.get("design") != design:
+        raise SystemExit(f"forgetting: --table-only: {path} holds another design (stages, "
+                         "steps, sets, preset or train flags differ); nothing to table")
+    runs = {m: saved["results"][m] for m in methods if saved["results"].get(m)}
+    if not runs:
+        raise SystemExit(f"forgetting: --table-only: {path} has no runs of "
+                         f"{', '.join(methods)}; saved: {', '.join(saved['results'])}")
+    return saved["base"], runs
+
+
+def report(args, base: dict, results: dict, wall_s: float | None) -> None:
+    """OUT/table.md and OUT/stages.png of `results`, and the table on stdout."""
+    md = table(base, results, args.metric, args.sets)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(md + "\n")
+    plot(base, results, os.path.join(args.out, "stages.png"), args.metric, args.sets)
+    seeds = sorted({r["seed"] for runs in results.values() for r in runs})
+    wall = f"wall {wall_s / 60:.1f} min" if wall_s is not None else "saved runs, no training"
+    print(f"\nforgetting: {args.preset}, {len(args.stages)} x {args.stage_steps} steps, "
+          f"{args.n} held-out problems per stage, seeds {seeds}, {wall}; "
+          f"{args.out}/table.md, stages.png")
+    print(md)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    design, out_json = same_design(args), os.path.join(args.out, "results.json")
+    if args.table_only:
+        report(args, *saved_table(out_json, design, list(args.method_flags)), None)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     cfg0 = method_config(args, [], args.seeds[0])
     sets = heldout_sets(",".join(args.sets), args.n, None)
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
-    design, out_json = same_design(args), os.path.join(args.out, "results.json")
     done = finished_runs(out_json, design) if args.resume else {}
     results: dict[str, list[dict]] = {}
     t0 = time.perf_counter()
@@ -283,14 +322,7 @@ def main(argv=None) -> int:
             print(f"{name} seed {seed}: {args.metric} after each stage (rows) on "
                   f"{', '.join(args.sets)}: "
                   f"{[[round(100 * x, 1) for x in row] for row in R]}", flush=True)
-    md = table(base, results, args.metric, args.sets)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(md + "\n")
-    plot(base, results, os.path.join(args.out, "stages.png"), args.metric, args.sets)
-    print(f"\nforgetting: {args.preset}, {len(args.stages)} x {args.stage_steps} steps, "
-          f"{args.n} held-out problems per stage, {len(args.seeds)} seed(s), wall "
-          f"{(time.perf_counter() - t0) / 60:.1f} min; {args.out}/table.md, stages.png")
-    print(md)
+    report(args, base, results, time.perf_counter() - t0)
     return 0
 
 
