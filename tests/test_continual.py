@@ -177,9 +177,9 @@ def test_forgetting_arms_replay_only_where_named():
 
 
 def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path, capsys):
-    """--table-only writes table.md and stages.png from results.json: every saved seed of the
-    asked methods (here 2 of naive, 1 of an EWC arm; not the unasked replay); another design or
-    no saved run of the asked methods is a one-line error."""
+    """--table-only writes table.md and stages.png from results.json: the saved runs of the
+    asked methods and seeds (here 2 of naive, 1 of an EWC arm; not the unasked replay); another
+    design or no saved run of the asked methods is a one-line error."""
     from tools.experiments.forgetting import METRICS, SETS, main, parse_args, same_design
 
     def run(seed, last):
@@ -198,6 +198,8 @@ def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path, 
     md = (tmp_path / "table.md").read_text()
     assert "| naive | 2 | 20.0 (10.0 to 30.0) |" in md and "| ewc-1e3 | 1 | 50.0 " in md
     assert "| replay |" not in md and (tmp_path / "stages.png").stat().st_size > 0
+    assert main([*flags, "--methods", "naive", "--seeds", "1", "--table-only"]) == 0
+    assert "| naive | 1 | 30.0 |" in (tmp_path / "table.md").read_text()
     for argv, msg in [(["--stage-steps", "6"], "another design"),
                       (["--methods", "anchor-kl"], "no runs of anchor-kl")]:
         with pytest.raises(SystemExit, match=msg):

@@ -94,8 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "same stages, steps, sets and preset; run only the rest (results.json "
                         "keeps the saved runs not asked for too; the table shows those asked)")
     p.add_argument("--table-only", action="store_true",
-                   help="no training: table and plot every saved run of the asked methods in "
-                        "OUT/results.json (any seeds; the same design)")
+                   help="no training: table and plot the saved runs of the asked methods "
+                        "and --seeds in OUT/results.json (the same design; a method may have "
+                        "fewer seeds saved)")
     p.add_argument("train_flags", nargs=argparse.REMAINDER,
                    help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
     args = p.parse_args(argv)
@@ -258,9 +259,9 @@ def plot(base: dict, results: dict, path: str, metric: str, sets=SETS) -> None:
     fig.savefig(path, dpi=110)
 
 
-def saved_table(path: str, design: dict, methods) -> tuple[dict, dict]:
-    """(base scores, {method: runs}) that results.json at `path` holds for `design`, every
-    saved seed of each asked method (--table-only); a missing file or another design exits."""
+def saved_table(path: str, design: dict, methods, seeds) -> tuple[dict, dict]:
+    """(base scores, {method: runs}) that results.json at `path` holds for `design`: the saved
+    runs of the asked methods and seeds (--table-only); a missing file or another design exits."""
     try:
         with open(path) as f:
             saved = json.load(f)
@@ -269,10 +270,12 @@ def saved_table(path: str, design: dict, methods) -> tuple[dict, dict]:
     if saved.get("design") != design:
         raise SystemExit(f"forgetting: --table-only: {path} holds another design (stages, "
                          "steps, sets, preset or train flags differ); nothing to table")
-    runs = {m: saved["results"][m] for m in methods if saved["results"].get(m)}
+    runs = {m: [r for r in saved["results"].get(m, []) if r["seed"] in seeds] for m in methods}
+    runs = {m: rs for m, rs in runs.items() if rs}
     if not runs:
         raise SystemExit(f"forgetting: --table-only: {path} has no runs of "
-                         f"{', '.join(methods)}; saved: {', '.join(saved['results'])}")
+                         f"{', '.join(methods)} with seeds {seeds}; saved: "
+                         f"{', '.join(saved['results'])}")
     return saved["base"], runs
 
 
@@ -294,7 +297,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     design, out_json = same_design(args), os.path.join(args.out, "results.json")
     if args.table_only:
-        report(args, *saved_table(out_json, design, list(args.method_flags)), None)
+        report(args, *saved_table(out_json, design, list(args.method_flags), args.seeds), None)
         return 0
     os.makedirs(args.out, exist_ok=True)
     cfg0 = method_config(args, [], args.seeds[0])
