@@ -201,7 +201,8 @@ def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path, 
     assert main([*flags, "--methods", "naive", "--seeds", "1", "--table-only"]) == 0
     assert "| naive | 1 | 30.0 |" in (tmp_path / "table.md").read_text()
     for argv, msg in [(["--stage-steps", "6"], "another design"),
-                      (["--methods", "anchor-kl"], "no runs of anchor-kl")]:
+                      (["--methods", "anchor-kl"], "no runs of anchor-kl"),
+                      (["--out", str(tmp_path / "none")], "no readable")]:
         with pytest.raises(SystemExit, match=msg):
             main([*flags, *argv, "--table-only"])
 

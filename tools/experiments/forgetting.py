@@ -176,14 +176,19 @@ def same_design(args) -> dict:
             "scores": list(SCORES), "format_levels": [1.0, 0.5, 0.25, 0.0]}
 
 
+def read_saved(path: str) -> dict | None:
+    """results.json at `path`, or None when it is missing or torn (a kill mid-write)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def finished_runs(path: str, design: dict) -> dict[str, list[dict]]:
     """{method: [run, ...]} saved in results.json at `path` by an experiment of the same
     design; {} when there is none or it was another design (it is then not reused)."""
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return {}
+    saved = read_saved(path) or {}
     return saved.get("results", {}) if saved.get("design") == design else {}
 
 
@@ -262,11 +267,9 @@ def plot(base: dict, results: dict, path: str, metric: str, sets=SETS) -> None:
 def saved_table(path: str, design: dict, methods, seeds) -> tuple[dict, dict]:
     """(base scores, {method: runs}) that results.json at `path` holds for `design`: the saved
     runs of the asked methods and seeds (--table-only); a missing file or another design exits."""
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"forgetting: --table-only: cannot read {path}: {e}") from None
+    saved = read_saved(path)
+    if saved is None:
+        raise SystemExit(f"forgetting: --table-only: no readable {path} (missing or torn)")
     if saved.get("design") != design:
         raise SystemExit(f"forgetting: --table-only: {path} holds another design (stages, "
                          "steps, sets, preset or train flags differ); nothing to table")
