@@ -176,7 +176,7 @@ def test_forgetting_arms_replay_only_where_named():
     assert cfgs["anchor-kl"].ewc.anchor_kl == 0.1 and cfgs["naive"].ewc.anchor_kl == 0.0
 
 
-def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path, capsys):
+def test_forgetting_table_only_tables_the_saved_runs_without_training(tmp_path):
     """--table-only writes table.md and stages.png from results.json: the saved runs of the
     asked methods and seeds (here 2 of naive, 1 of an EWC arm; not the unasked replay); another
     design or no saved run of the asked methods is a one-line error."""
