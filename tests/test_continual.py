@@ -167,7 +167,9 @@ def test_forgetting_arms_replay_only_where_named():
     each EWC arm train without it; the replay arms with 0.25."""
     from tools.experiments.forgetting import method_config, parse_args
 
-    args = parse_args(["--seeds", "0", "--ewc-lams", "1e3", "--stage-steps", "2"])
+    args = parse_args(["--seeds", "0", "--ewc-lams", "1e3", "--stage-steps", "2", "--methods",
+                       "naive,replay,anchor-kl,replay+anchor-kl"])
+    assert list(parse_args([]).method_flags) == ["naive", "replay"]  # the default arms
     cfgs = {m: method_config(args, flags, 0) for m, flags in args.method_flags.items()}
     assert {m: c.curriculum.replay for m, c in cfgs.items()} == {
         "naive": 0.0, "replay": 0.25, "anchor-kl": 0.0, "replay+anchor-kl": 0.25,
@@ -234,3 +236,40 @@ def test_forgetting_styles_order_the_stages_and_their_sets(capsys):
         with pytest.raises(SystemExit):
             parse_args(["--styles", bad])
         assert "--styles" in capsys.readouterr().err
+
+
+def test_forgetting_arms_branch_from_one_shared_stage_1(ray_cluster, tmp_path):
+    """Real runs (tiny preset, local Ray): a seed's first arm trains stage 1 and checkpoints its
+    end; the second branches from it (same stage-1 rows and scores, its own replay from stage 2
+    on) and drops the stem's rollout in flight, so its first stage-2 rollout comes from the
+    stage-1 weights (version 2), not the version before (1) as in the stem. --resume adds an
+    arm that branches from the kept stem; --separate-stage1 is another design."""
+    from tools.experiments.forgetting import main, parse_args, same_design
+
+    flags = ["--preset", "tiny", "--stage-steps", "2", "--n", "4", "--seeds", "0",
+             "--out", str(tmp_path)]
+    assert main(flags) == 0
+    runs = {m: rs[0] for m, rs in
+            json.loads((tmp_path / "results.json").read_text())["results"].items()}
+    naive, replay = runs["naive"], runs["replay"]
+    assert (naive["stage1_from"], replay["stage1_from"]) == (None, "naive")
+    assert replay["after"][0] == naive["after"][0] and len(replay["after"]) == 3
+    assert replay["wall_s"] > replay["stage1_s"] == naive["stage1_s"] > 0
+
+    def rows(method):
+        path = tmp_path / method / "seed0" / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    n, r = rows("naive"), rows("replay")
+    assert [x["step"] for x in r] == list(range(6))
+    assert r[:2] == n[:2]  # stage 1: the stem's rows
+    assert (n[2]["rollout/version"], r[2]["rollout/version"]) == (1, 2)
+    cfg = json.loads((tmp_path / "replay" / "seed0" / "config.json").read_text())
+    assert cfg["curriculum"]["replay"] == 0.25
+    assert main([*flags, "--ewc-lams", "1e2", "--resume"]) == 0
+    runs = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert runs["naive"][0] == naive and runs["replay"][0] == replay  # kept, not retrained
+    assert runs["ewc-1e2"][0]["stage1_from"] == "naive"
+    assert runs["ewc-1e2"][0]["after"][0] == naive["after"][0]
+    separate = parse_args([*flags, "--separate-stage1"])
+    assert not separate.share_stage1 and same_design(separate) != same_design(parse_args(flags))

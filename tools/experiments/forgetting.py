@@ -1,7 +1,9 @@
 """Continual learning: train stages that interfere, score every stage after each one, per method.
 
-    python -m tools.experiments.forgetting --seeds 0 1 2                 # every method, 3 seeds
-    python -m tools.experiments.forgetting --quick                       # 1 seed, a smaller check
+    python -m tools.experiments.forgetting                   # naive and replay, 3 seeds: ~85 min
+    python -m tools.experiments.forgetting --quick           # 1 seed, a smaller check
+    python -m tools.experiments.forgetting --ewc-lams 1e2 --methods naive,replay,anchor-kl
+                                                             # + EWC and anchor-KL arms: ~2.5 h
     python -m tools.experiments.forgetting --seeds 0 1 2 --resume        # keep finished runs
     python -m tools.experiments.forgetting --table-only --ewc-lams 1e3   # table the saved runs
     python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
@@ -18,7 +20,9 @@ line) is what plain sequential training loses, and a method that keeps stage 1 m
 policy to tell the prompts apart. A method is a set of `launch.train`
 flags (`METHODS`; `--ewc-lams` adds EWC arms on a log grid). For every method and seed: train
 the curriculum (a local Ray cluster, the real driver), save the policy after each stage and
-score it greedily on every stage's held-out set. Writes OUT/results.json (every matrix),
+score it greedily on every stage's held-out set. Stage 1 is trained once per seed (the arms
+differ from stage 2 on) and the seed's other arms branch from its checkpoint at the end of it
+(`--separate-stage1`: each trains its own). Writes OUT/results.json (every matrix),
 OUT/table.md (mean and range over seeds: final accuracy per stage, ACC, BWT, FWT, stage 1's
 gain kept, wall time, peak memory; `tools.experiments.cl_metrics`) and OUT/stages.png.
 """
@@ -33,16 +37,13 @@ import statistics
 import sys
 import time
 
-import ray
-import torch
-
-from common import metrics as M
+from launch import run_io
 from launch.cli import parse_config
-from launch.evaluate import evaluate, heldout_sets, load_for_eval
-from launch.train import Trainer
+from launch.evaluate import heldout_sets
 from rewards.styles import DEFAULT_STYLE
 from rewards.styles import STYLES as ANSWER_STYLES
 from tools.experiments.cl_metrics import summarize
+from tools.experiments.cl_run import METRICS, SCORES, Stem, run_method, scores
 
 # Measured (README, "Forgetting"): "Answer: N" is the embedded model's own habit and outlasts
 # later stages; "#### N" first is learnt a little and the "Answer:" stage lifts it; `short` last
@@ -59,8 +60,6 @@ def stage_design(styles) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 STAGES, SETS = stage_design(STYLES)  # stage j's spec and its held-out set
-METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
-SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
 NO_REPLAY = ["--curriculum.replay", "0"]  # every arm names its replay: the default is replay
 METHODS = {
     "naive": NO_REPLAY,
@@ -68,6 +67,7 @@ METHODS = {
     "anchor-kl": ["--ewc.anchor_kl", "0.1", *NO_REPLAY],
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
+DEFAULT_METHODS = "naive,replay"  # 3 seeds of these fit 90 min here; EWC adds ~45 min
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,8 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--preset", default="cpu-demo", help="base preset")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma-separated, of: {', '.join(METHODS)} (default: "
+                        f"{DEFAULT_METHODS}, the baseline and the curriculum's default)")
     p.add_argument("--ewc-lams", default="", help="EWC arms, e.g. 1e2,1e3,1e4 (ewc-<lam>)")
     p.add_argument("--styles", default=",".join(STYLES),
                    help="the stages' answer styles in order, comma-separated, of: "
@@ -97,6 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no training: table and plot the saved runs of the asked methods "
                         "and --seeds in OUT/results.json (the same design; a method may have "
                         "fewer seeds saved)")
+    p.add_argument("--separate-stage1", dest="share_stage1", action="store_false",
+                   help="every arm trains its own stage 1 (default: a seed's first arm trains "
+                        "it and the others branch from its checkpoint at the end of stage 1)")
     p.add_argument("train_flags", nargs=argparse.REMAINDER,
                    help="-- then launch.train flags for every method (e.g. --rollout.engine vllm)")
     args = p.parse_args(argv)
@@ -130,35 +134,13 @@ def method_config(args, flags: list[str], seed: int):
     return cfg
 
 
-def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
-    """{set: {accuracy, strict_accuracy, format_rate}} of a saved policy, greedy."""
-    torch.set_num_threads(os.cpu_count() or 1)
-    model, tok = load_for_eval(model_path, torch.float32)
-    out = {}
-    for name, samples in sets.items():
-        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
-        out[name] = {k: res[k] for k in SCORES}
-    return out
-
-
-def run_method(cfg, run_dir: str, sets: dict) -> dict:
-    """Train the curriculum; the scores after each stage, wall time, peak memory."""
-    trainer, t0, after = Trainer(cfg, run_dir), time.perf_counter(), []
-    try:
-        stages = trainer.curriculum.stages
-        ends = [sum(s.steps for s in stages[: i + 1]) for i in range(len(stages))]
-        for k in range(cfg.run.steps):
-            trainer.step(k)
-            if k + 1 in ends:
-                path = ray.get(trainer.learner.save_final.remote(
-                    os.path.join(run_dir, f"after-stage-{ends.index(k + 1) + 1}")))
-                after.append(scores(path, sets, cfg.rollout.max_new_tokens))
-        trainer.finish(time.perf_counter() - t0)
-        rows = trainer.writer.metrics()
-    finally:
-        trainer.shutdown()
-    return {"after": after, "wall_s": time.perf_counter() - t0,
-            "peak_pss_gb": max((r.get(M.PEAK_PSS_GB, 0.0) for r in rows), default=0.0)}
+def note_stem(stems: dict, args, method: str, run_dir: str, run: dict) -> None:
+    """Make `run` its seed's stem if the seed has none yet and it saved one (its checkpoint
+    at the end of stage 1 is on disk: a run kept by --resume may have lost it)."""
+    seed = run["seed"]
+    if (args.share_stage1 and seed not in stems and run.get("stage1_s") is not None
+            and not run.get("stage1_from") and run_io.list_checkpoints(run_dir)):
+        stems[seed] = Stem(method, run_dir, run["after"][0], run["stage1_s"])
 
 
 def fresh_dir(path: str) -> str:
@@ -173,7 +155,10 @@ def same_design(args) -> dict:
     return {"preset": args.preset, "stage_steps": args.stage_steps, "n": args.n,
             "stages": list(args.stages), "sets": list(args.sets),
             "train_flags": list(args.train_flags),
-            "scores": list(SCORES), "format_levels": [1.0, 0.5, 0.25, 0.0]}
+            "scores": list(SCORES), "format_levels": [1.0, 0.5, 0.25, 0.0],
+            # runs that share stage 1 are not mixed with runs that each trained their own
+            # (results saved before the key existed are the latter)
+            **({"stage1": "shared"} if args.share_stage1 else {})}
 
 
 def read_saved(path: str) -> dict | None:
@@ -308,6 +293,7 @@ def main(argv=None) -> int:
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
     done = finished_runs(out_json, design) if args.resume else {}
     results: dict[str, list[dict]] = {}
+    stems: dict[int, Stem] = {}  # seed -> its shared stage 1 (--separate-stage1: none)
     t0 = time.perf_counter()
     for name, flags in args.method_flags.items():
         for seed in args.seeds:
@@ -315,10 +301,15 @@ def main(argv=None) -> int:
             if kept:
                 print(f"{name} seed {seed}: kept from {out_json}", flush=True)
                 results.setdefault(name, []).append(kept[0])
+                note_stem(stems, args, name, os.path.join(args.out, name, f"seed{seed}"),
+                          kept[0])
                 continue
-            cfg = method_config(args, flags, seed)
-            run = run_method(cfg, fresh_dir(os.path.join(args.out, name, f"seed{seed}")), sets)
+            cfg, run_dir = method_config(args, flags, seed), os.path.join(args.out, name,
+                                                                        f"seed{seed}")
+            run = run_method(cfg, fresh_dir(run_dir), sets, stems.get(seed),
+                             save_stem=args.share_stage1 and seed not in stems)
             results.setdefault(name, []).append({"seed": seed, **run})
+            note_stem(stems, args, name, run_dir, results[name][-1])
             # written after every run: an interrupted experiment keeps what it finished
             with open(out_json, "w") as f:
                 json.dump({"args": vars(args), "design": design, "stages": args.stages,
