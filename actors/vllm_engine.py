@@ -84,7 +84,7 @@ class VLLMEngine:
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
                  lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_bytes: int | None = None):
+                 kv_cache_bytes: int | None = None, speculative: dict | None = None):
         import vllm
         from vllm import LLM
 
@@ -103,6 +103,8 @@ class VLLMEngine:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if kv_cache_bytes is not None:
             kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
+        if speculative is not None:  # e.g. {"method": "ngram", ...}: probes only (tools.spec_probe)
+            kwargs.update(speculative_config=speculative)
         self.llm = LLM(**kwargs)
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs

@@ -1,9 +1,9 @@
 """Continual learning: train stages that interfere, score every stage after each one, per method.
 
-    python -m tools.experiments.forgetting                   # naive and replay, 3 seeds: ~85 min
+    python -m tools.experiments.forgetting                   # naive and replay, 3 seeds: 75 min
     python -m tools.experiments.forgetting --quick           # 1 seed, a smaller check
     python -m tools.experiments.forgetting --ewc-lams 1e2 --methods naive,replay,anchor-kl
-                                                             # + EWC and anchor-KL arms: ~2.5 h
+                                                             # + EWC and anchor-KL: ~2.5 h
     python -m tools.experiments.forgetting --seeds 0 1 2 --resume        # keep finished runs
     python -m tools.experiments.forgetting --table-only --ewc-lams 1e3   # table the saved runs
     python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
@@ -67,7 +67,7 @@ METHODS = {
     "anchor-kl": ["--ewc.anchor_kl", "0.1", *NO_REPLAY],
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
-DEFAULT_METHODS = "naive,replay"  # 3 seeds of these fit 90 min here; EWC adds ~45 min
+DEFAULT_METHODS = "naive,replay"  # 3 seeds of these: 75 min here (README); an arm adds ~35
 
 
 def parse_args(argv=None) -> argparse.Namespace:
