@@ -9,18 +9,24 @@ tokens, stopping at EOS (the cpu-demo rollout), one thread, the engine the worke
 vLLM's n-gram proposer (prompt lookup of 2-4 tokens, K drafted tokens a step). Prints per
 setting the median call time, tokens/s, tokens a completion, and how many sampled tokens came
 back with a log-prob that is not a number: the learner's importance ratio needs every one.
+Each setting runs in a process of its own (`isolated`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
+import subprocess
+import sys
 import time
 
 from common.models import resolve_model
 from rewards import format_prompt, make_task
 from tools.decode_profile import VLLMRunner
+
+RESULT = "spec_probe result: "  # a child's result line on stdout
 
 
 def probe(draft: int, calls: int, model: str) -> dict:
@@ -50,17 +56,35 @@ def probe(draft: int, calls: int, model: str) -> dict:
             "nan": bad, "tokens": tokens, "example": example}
 
 
+def isolated(draft: int, calls: int, model: str) -> dict:
+    """`probe` in a fresh process: once vLLM's n-gram proposer has loaded numba into a process,
+    a later vLLM engine start there fails (vLLM 0.32's kernel rebinding trips over a numba
+    object), so each setting gets a process of its own."""
+    out = subprocess.run([sys.executable, "-m", "tools.spec_probe", "--one", str(draft),
+                          "--calls", str(calls), "--model", model],
+                         capture_output=True, text=True, check=False)
+    lines = [x for x in out.stdout.splitlines() if x.startswith(RESULT)]
+    if out.returncode or not lines:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"spec_probe: --draft {draft} failed (exit {out.returncode}): {tail}")
+    return json.loads(lines[-1][len(RESULT):])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools.spec_probe", description=__doc__.splitlines()[0])
     p.add_argument("--draft", type=int, nargs="+", default=[0, 3],
                    help="drafted tokens a step, per setting (0: no speculative decoding)")
     p.add_argument("--calls", type=int, default=10, help="timed calls per setting")
     p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child's setting
     args = p.parse_args(argv)
     if args.calls < 1 or min(args.draft) < 0:
         p.error("--calls must be >= 1 and --draft >= 0")
+    if args.one is not None:
+        print(RESULT + json.dumps(probe(args.one, args.calls, args.model)), flush=True)
+        return 0
     for d in args.draft:
-        r = probe(d, args.calls, args.model)
+        r = isolated(d, args.calls, args.model)
         print(f"draft {d}: call median {r['call_s']:.2f} s (range {r['lo']:.2f}-{r['hi']:.2f}), "
               f"{r['tok_s']:.1f} tokens/s, {r['per_completion']:.1f} tokens a completion, "
               f"{r['nan']} of {r['tokens']} log-probs not a number; e.g. {r['example']!r}",
