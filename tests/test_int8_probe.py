@@ -44,7 +44,9 @@ def test_the_arms_report_speed_and_a_positive_kl(hf_tiny):
                         arms={"attention only": ARMS["attention only"]})
     assert [r["arm"] for r in rows] == ["fp32", "attention only"]
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0 and rows[1]["quantise_s"] > 0.0
-    assert all(r["step_ms"] > 0 for r in rows)
+    # a number, not its sign: on a tiny model a step is ~1 ms and (t_N - t_1) is timing noise
+    # on a busy machine (CI saw -0.x ms beside a training run)
+    assert all(math.isfinite(r["step_ms"]) for r in rows)
     assert isinstance(hf_tiny.model.model.layers[0].self_attn.q_proj, torch.nn.Linear)  # restored
 
 
