@@ -125,6 +125,19 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
     return score(samples, texts, lengths, time.perf_counter() - t0, sampled)
 
 
+def score_saved(model_path: str, sets: dict[str, list[dict]], max_new_tokens: int,
+                keys: tuple[str, ...]) -> dict[str, dict]:
+    """{set: {key: figure}} of a saved policy, greedy, in this process on every core (the
+    experiments in tools/experiments score their policies so between stages)."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    model, tok = load_for_eval(model_path, torch.float32)
+    out = {}
+    for name, samples in sets.items():
+        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
+        out[name] = {k: res[k] for k in keys}
+    return out
+
+
 def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, batch_size: int,
                      desc: str = "eval", k: int = 0) -> dict:
     """The same as `evaluate`, with `samples` split into contiguous shards over Ray workers."""

@@ -10,11 +10,10 @@ import shutil
 import time
 
 import ray
-import torch
 
 from common import metrics as M
 from launch import run_io
-from launch.evaluate import evaluate, load_for_eval
+from launch.evaluate import score_saved
 from launch.train import Trainer
 
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
@@ -22,14 +21,8 @@ SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates b
 
 
 def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
-    """{set: {accuracy, strict_accuracy, format_rate}} of a saved policy, greedy."""
-    torch.set_num_threads(os.cpu_count() or 1)
-    model, tok = load_for_eval(model_path, torch.float32)
-    out = {}
-    for name, samples in sets.items():
-        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
-        out[name] = {k: res[k] for k in SCORES}
-    return out
+    """{set: {SCORES}} of a saved policy, greedy."""
+    return score_saved(model_path, sets, max_new_tokens, SCORES)
 
 
 @dataclasses.dataclass

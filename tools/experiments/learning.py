@@ -20,11 +20,9 @@ import statistics
 import sys
 import time
 
-import torch
-
 from common.config import ConfigError
 from launch.cli import parse_config
-from launch.evaluate import evaluate, load_for_eval
+from launch.evaluate import score_saved
 from launch.train import Trainer
 from rewards import make_task
 
@@ -48,13 +46,7 @@ def parse_args(argv=None):
 
 
 def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
-    torch.set_num_threads(os.cpu_count() or 1)
-    model, tok = load_for_eval(model_path, torch.float32)
-    out = {}
-    for name, samples in sets.items():
-        res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
-        out[name] = {m: res[m] for m in METRICS} | {"n": res["n"]}
-    return out
+    return score_saved(model_path, sets, max_new_tokens, (*METRICS, "n"))
 
 
 def summarize(base: dict, runs: list[dict]) -> dict:
