@@ -67,7 +67,7 @@ METHODS = {
     "anchor-kl": ["--ewc.anchor_kl", "0.1", *NO_REPLAY],
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
-DEFAULT_METHODS = "naive,replay"  # 3 seeds of these: 75 min here (README); an arm adds ~35
+DEFAULT_METHODS = "naive,replay"  # 3 seeds: 75 min here (README); each other arm ~35 min more
 
 
 def parse_args(argv=None) -> argparse.Namespace:
