@@ -8,7 +8,9 @@ Everything after `--` is a `launch.train` flag applied to the preset. For every 
 (a local Ray cluster, the real driver), then score the final adapter greedily on the held-out
 level splits `seen` (training's templates, other questions) and `unseen` (templates never
 trained on). The base model is scored once (greedy is seed-free). Prints one table, mean and
-range over seeds of the change against the base, and writes `OUT/<tag>/results.json`.
+range over seeds of the change against the base, and writes `OUT/<tag>/results.json`. A seed
+already in that file from the same preset and flags is kept, not trained again, so
+`--seeds 0 1 2` after `--seeds 0` trains seeds 1 and 2 and reports all three.
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
     return score_saved(model_path, sets, max_new_tokens, (*METRICS, "n"))
 
 
+def finished_runs(path: str, preset: str, flags: list[str], eval_n: int) -> dict[int, dict]:
+    """{seed: run} from an earlier results.json of the same preset, flags and eval size, else {}."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        old = json.load(f)
+    same_n = all(split["n"] == eval_n for split in old.get("base", {}).values())
+    if old.get("preset") != preset or old.get("flags") != flags or not same_n:
+        return {}
+    return {r["seed"]: r for r in old["runs"]}
+
+
 def summarize(base: dict, runs: list[dict]) -> dict:
     """{split: {metric: {base, mean, min, max, change}}} over the seeds' final scores."""
     out = {}
@@ -87,8 +101,14 @@ def main(argv=None) -> int:
     task = make_task(c.task, c.level, c.data_path or None)
     sets = {s: task.heldout(args.eval_n, s) for s in ("seen", "unseen")}
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
+    results_path = os.path.join(out_dir, "results.json")
+    done = finished_runs(results_path, args.preset, args.train_flags, args.eval_n)
     runs = []
     for seed in args.seeds:
+        if seed in done:
+            print(f"seed {seed}: kept from {results_path}", flush=True)
+            runs.append(done[seed])
+            continue
         cfg, _ = parse_config(["--preset", args.preset, *args.train_flags, "--seed", str(seed)],
                               prog="tools.experiments.learning")
         run_dir = os.path.join(out_dir, f"seed{seed}")
@@ -105,7 +125,7 @@ def main(argv=None) -> int:
         # Written after every seed: an interrupted experiment keeps the seeds it finished.
         result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
                   "base": base, "runs": runs, "summary": summarize(base, runs)}
-        with open(os.path.join(out_dir, "results.json"), "w") as f:
+        with open(results_path, "w") as f:
             json.dump(result, f, indent=2)
     return 0
 

@@ -1,0 +1,30 @@
+"""tools.experiments.learning keeps the seeds an earlier run of the same arm finished."""
+
+import json
+
+from tools.experiments.learning import finished_runs
+
+
+def _write(path, preset="cpu-demo", flags=("--rollout.engine", "vllm"), n=200, seeds=(0,)):
+    runs = [{"seed": s, "train_min": 9.5, "s_per_step": 5.0, "scores": {}} for s in seeds]
+    base = {split: {"accuracy": 0.2, "n": n} for split in ("seen", "unseen")}
+    with open(path, "w") as f:
+        json.dump({"tag": "t", "preset": preset, "flags": list(flags), "base": base,
+                   "runs": runs}, f)
+
+
+def test_seeds_of_the_same_arm_are_kept_by_seed(tmp_path):
+    path = tmp_path / "results.json"
+    _write(path, seeds=(0, 2))
+    done = finished_runs(str(path), "cpu-demo", ["--rollout.engine", "vllm"], 200)
+    assert sorted(done) == [0, 2] and done[2]["seed"] == 2
+
+
+def test_another_preset_flags_or_eval_size_trains_again(tmp_path):
+    path = tmp_path / "results.json"
+    _write(path)
+    flags = ["--rollout.engine", "vllm"]
+    assert finished_runs(str(path), "tiny", flags, 200) == {}
+    assert finished_runs(str(path), "cpu-demo", ["--rollout.engine", "hf"], 200) == {}
+    assert finished_runs(str(path), "cpu-demo", flags, 100) == {}
+    assert finished_runs(str(tmp_path / "none.json"), "cpu-demo", flags, 200) == {}
