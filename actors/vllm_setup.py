@@ -52,6 +52,9 @@ def configure_env(cfg, name: str) -> None:
     # would otherwise spawn two more processes, each re-importing vLLM (~20 s apiece on 2
     # cores), and a SIGKILLed actor would leave them behind.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vLLM logs INFO lines every step (a prefix-cache reset per weight load) and its whole
+    # engine config at start; they would bury the run's progress bar and warnings
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if not cuda_available():
         own = cpu_bind(cfg.rollout.threads_per_worker, worker_index(name))
         bind = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own)

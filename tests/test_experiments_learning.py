@@ -5,18 +5,22 @@ import json
 from tools.experiments.learning import finished_runs
 
 
-def _write(path, preset="cpu-demo", flags=("--rollout.engine", "vllm"), n=200, seeds=(0,)):
+def _write(path, preset="cpu-demo", flags=("--rollout.engine", "vllm"), n=200, seeds=(0,),
+           engine="vllm"):
     runs = [{"seed": s, "train_min": 9.5, "s_per_step": 5.0, "scores": {}} for s in seeds]
     base = {split: {"accuracy": 0.2, "n": n} for split in ("seen", "unseen")}
     with open(path, "w") as f:
-        json.dump({"tag": "t", "preset": preset, "flags": list(flags), "base": base,
-                   "runs": runs}, f)
+        record = {"tag": "t", "preset": preset, "flags": list(flags), "base": base,
+                  "runs": runs, "engine": engine}
+        if engine is None:  # written before the engine was recorded: the HF engine's
+            del record["engine"]
+        json.dump(record, f)
 
 
 def test_seeds_of_the_same_arm_are_kept_by_seed(tmp_path):
     path = tmp_path / "results.json"
     _write(path, seeds=(0, 2))
-    done = finished_runs(str(path), "cpu-demo", ["--rollout.engine", "vllm"], 200)
+    done = finished_runs(str(path), "cpu-demo", ["--rollout.engine", "vllm"], 200, "vllm")
     assert sorted(done) == [0, 2] and done[2]["seed"] == 2
 
 
@@ -24,7 +28,15 @@ def test_another_preset_flags_or_eval_size_trains_again(tmp_path):
     path = tmp_path / "results.json"
     _write(path)
     flags = ["--rollout.engine", "vllm"]
-    assert finished_runs(str(path), "tiny", flags, 200) == {}
-    assert finished_runs(str(path), "cpu-demo", ["--rollout.engine", "hf"], 200) == {}
-    assert finished_runs(str(path), "cpu-demo", flags, 100) == {}
-    assert finished_runs(str(tmp_path / "none.json"), "cpu-demo", flags, 200) == {}
+    assert finished_runs(str(path), "tiny", flags, 200, "vllm") == {}
+    assert finished_runs(str(path), "cpu-demo", ["--rollout.engine", "hf"], 200, "vllm") == {}
+    assert finished_runs(str(path), "cpu-demo", flags, 100, "vllm") == {}
+    assert finished_runs(str(tmp_path / "none.json"), "cpu-demo", flags, 200, "vllm") == {}
+
+
+def test_a_file_from_before_the_engine_was_recorded_is_the_hf_engines(tmp_path):
+    """No flags, and the preset moved from HF to vLLM: the old runs are not mixed in."""
+    path = tmp_path / "results.json"
+    _write(path, flags=(), engine=None)
+    assert finished_runs(str(path), "cpu-demo", [], 200, "vllm") == {}
+    assert sorted(finished_runs(str(path), "cpu-demo", [], 200, "hf")) == [0]

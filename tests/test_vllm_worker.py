@@ -293,3 +293,24 @@ def test_a_bf16_checkpoint_merges_from_its_mapped_pages_as_the_hf_worker_does(
         assert max_diff(batch.logprobs, hf_stats(hf_bf16, batch, 0.7)[0]) < ATOL
     finally:
         w.shutdown()
+
+
+@pytest.mark.parametrize("user_level", [None, "DEBUG"])
+def test_the_engine_logs_warnings_only_unless_the_user_chose_a_level(user_level):
+    """configure_env quiets vLLM's per-step INFO lines; a VLLM_LOGGING_LEVEL the user set wins.
+    In a child process: configure_env also binds this process's torch threads."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    if user_level:
+        env["VLLM_LOGGING_LEVEL"] = user_level
+    code = ("import os; from actors.vllm_setup import configure_env; "
+            "from launch.presets import get_preset; "
+            "configure_env(get_preset('cpu-demo'), 'rollout-0'); "
+            "print(os.environ['VLLM_LOGGING_LEVEL'])")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == (user_level or "WARNING")

@@ -8,7 +8,7 @@
     python -m tools.experiments.forgetting --table-only --ewc-lams 1e3   # table the saved runs
     python -m tools.experiments.forgetting --methods naive,replay --seeds 0 --stage-steps 30
     python -m tools.experiments.forgetting --methods naive --ewc-lams 1e2,1e3,1e4 -- \
-        --rollout.engine vllm                     # after --: launch.train flags for every arm
+        --rollout.engine vllm         # after --: launch.train flags for every arm (default: HF)
     python -m tools.experiments.forgetting --preset tiny --stage-steps 1 --n 4 --seeds 0  # smoke
 
 The stages (default `STAGES`; `--styles` orders them) ask for the same kind of problem with a
@@ -67,6 +67,9 @@ METHODS = {
     "anchor-kl": ["--ewc.anchor_kl", "0.1", *NO_REPLAY],
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
+BASE_FLAGS = ["--rollout.engine", "hf"]
+"""before the train flags: README's tables were measured with the HF engine, cpu-demo's then;
+`-- --rollout.engine vllm` runs them with vLLM (another design for --resume)"""
 DEFAULT_METHODS = "naive,replay"  # 3 seeds: 75 min here (README); each other arm ~35 min more
 
 
@@ -129,7 +132,7 @@ def method_config(args, flags: list[str], seed: int):
     cfg, _ = parse_config(["--preset", args.preset,
                            "--steps", str(len(args.stages) * args.stage_steps),
                            "--curriculum.stages", stages, "--run.checkpoint_every", "0",
-                           "--seed", str(seed), *args.train_flags, *flags],
+                           "--seed", str(seed), *BASE_FLAGS, *args.train_flags, *flags],
                           prog="tools.experiments.forgetting")
     return cfg
 

@@ -51,14 +51,17 @@ def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
     return score_saved(model_path, sets, max_new_tokens, (*METRICS, "n"))
 
 
-def finished_runs(path: str, preset: str, flags: list[str], eval_n: int) -> dict[int, dict]:
-    """{seed: run} from an earlier results.json of the same preset, flags and eval size, else {}."""
+def finished_runs(path: str, preset: str, flags: list[str], eval_n: int,
+                  engine: str) -> dict[int, dict]:
+    """{seed: run} from an earlier results.json of the same preset, flags, eval size and
+    rollout engine (files without one are from the HF engine, cpu-demo's before vLLM), else {}."""
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         old = json.load(f)
     same_n = all(split["n"] == eval_n for split in old.get("base", {}).values())
-    if old.get("preset") != preset or old.get("flags") != flags or not same_n:
+    same = old.get("preset") == preset and old.get("flags") == flags
+    if not (same and same_n and old.get("engine", "hf") == engine):
         return {}
     return {r["seed"]: r for r in old["runs"]}
 
@@ -102,7 +105,8 @@ def main(argv=None) -> int:
     sets = {s: task.heldout(args.eval_n, s) for s in ("seen", "unseen")}
     base = scores(cfg0.model.name, sets, cfg0.rollout.max_new_tokens)
     results_path = os.path.join(out_dir, "results.json")
-    done = finished_runs(results_path, args.preset, args.train_flags, args.eval_n)
+    done = finished_runs(results_path, args.preset, args.train_flags, args.eval_n,
+                         cfg0.rollout.engine)
     runs = []
     for seed in args.seeds:
         if seed in done:
@@ -124,7 +128,8 @@ def main(argv=None) -> int:
         print(report(args.tag, summarize(base, runs), runs), flush=True)
         # Written after every seed: an interrupted experiment keeps the seeds it finished.
         result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
-                  "base": base, "runs": runs, "summary": summarize(base, runs)}
+                  "engine": cfg0.rollout.engine, "base": base, "runs": runs,
+                  "summary": summarize(base, runs)}
         with open(results_path, "w") as f:
             json.dump(result, f, indent=2)
     return 0
