@@ -13,9 +13,9 @@ def scorer(target=0.5, budget_s=200.0):
 def test_marks_stop_at_the_budget_and_each_is_used_once():
     s = scorer(budget_s=100.0)
     assert s.marks == [m for m in MARKS if m < 100] + [100.0]
-    assert not s.due(29.9) and s.due(30.0)
+    assert s.marks[0] == 15 and not s.due(14.9) and s.due(15.0)
     assert not s.record(65.0, 9, 0.1)  # below target, marks left: go on
-    assert s.marks == [90, 100.0] and not s.due(80.0) and s.due(91.0)
+    assert s.marks == [75, 90, 100.0] and not s.due(70.0) and s.due(76.0)
     assert s.record(95.0, 12, 0.6)  # the target: stop
     assert scorer(budget_s=40.0).record(41.0, 5, 0.1)  # the budget spent: stop
 

@@ -13,7 +13,7 @@ The target is the base model's accuracy on it plus `--gain` (8 points).
 
 Ours: the `cpu-demo` preset as a user gets it (`launch.train --preset cpu-demo --seed S`: 2
 prompts x G=8, 40 new tokens, temperature 0.8, LoRA r=16, lr 3e-4, every completion token in
-the loss, 1 HF rollout worker + 1 learner, 1 thread each, max_staleness 1). TRL: its
+the loss, 1 vLLM (CPU wheel) rollout worker + 1 learner, 1 thread each, max_staleness 1). TRL: its
 GRPOConfig defaults (8 completions = 1 prompt per step, DAPO loss on all tokens, clip 0.2,
 beta 0, one update per generation, all cores as torch threads), with ours' learning rate
 (constant), G, LoRA, max new tokens, temperature and reward; gradient checkpointing off and
@@ -55,8 +55,10 @@ from rewards.shaping import combine, format_bonus
 from rewards.verifiers import verify
 from tools.bench_setup import log, machine_line, release_memory, start_ray, trl_trainer
 
-MARKS = (30, 60, 90, 120, 180, 240, 300, 400, 500, 600, 800, 1000, 1200, 1500, 1800)
-"""training-clock seconds at which a run is scored: dense early, where ours is expected"""
+MARKS = (15, 30, 45, 60, 75, 90, 105, 120, 150, 180, 240, 300, 400, 500, 600, 800, 1000, 1200,
+         1500, 1800)
+"""training-clock seconds at which a run is scored: every 15 s up to 2 min, where both systems
+reach +20 points on this host (marks 30 s apart were as coarse as the differences)"""
 SET = "arith-1-unseen"
 
 
