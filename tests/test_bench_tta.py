@@ -67,3 +67,26 @@ def test_a_report_of_one_system_has_no_ratio_against_the_other():
     lines = report([run], 0.2, 0.4, args)
     assert not any(line.startswith("trl") for line in lines)
     assert lines[-1] == "ratio TRL/ours: n/a (only ours run)"
+
+
+def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):
+    """TRL samples from torch's global generator in the bench's process; loading an adapter to
+    score it draws from that generator (peft initialises the LoRA layers before loading them),
+    so without keep_rng a run's samples would depend on where the marks fall."""
+    import torch
+
+    from launch.evaluate import load_for_eval
+    from launch.presets import get_preset
+    from learner.learner import Learner
+    from rewards import make_task
+
+    path = Learner(get_preset("tiny")).save_final(str(tmp_path / "policy"))
+    samples = make_task("arith", 1, None, 0).heldout(2, "unseen")
+    torch.manual_seed(0)
+    want = torch.rand(4)
+    torch.manual_seed(0)
+    load_for_eval(path, torch.float32)
+    assert not torch.equal(torch.rand(4), want)  # the load alone moves the stream
+    torch.manual_seed(0)
+    Scorer(samples, 0.5, 100.0, 4).score(path, 10.0, 1)
+    assert torch.equal(torch.rand(4), want)

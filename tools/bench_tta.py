@@ -33,9 +33,11 @@ OUT/results.json and OUT/tta.png (accuracy vs training wall time, one line per s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import random
 import shlex
 import statistics
 import sys
@@ -76,6 +78,21 @@ def time_to_target(curve: list, target: float, base: float) -> float | None:
     return None
 
 
+@contextlib.contextmanager
+def keep_rng():
+    """Torch's, numpy's and Python's global random states as they were before the block.
+    Scoring loads an adapter (peft initialises its LoRA layers from torch's generator first):
+    without this, TRL, which samples from that generator in this process, would follow another
+    random stream after every mark, so its runs would depend on where the marks fall."""
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
 class Scorer:
     """Scores saved policies on the held-out set; keeps the curve and says when to stop."""
 
@@ -92,9 +109,10 @@ class Scorer:
         """Score the policy saved at `path`; True when the run should stop."""
         t0 = time.perf_counter()
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-        model, tok = load_for_eval(path, torch.float32)
-        acc = evaluate(model, tok, self.samples, self.max_new_tokens,
-                       desc=f"eval@{step}")["accuracy"]
+        with keep_rng():
+            model, tok = load_for_eval(path, torch.float32)
+            acc = evaluate(model, tok, self.samples, self.max_new_tokens,
+                           desc=f"eval@{step}")["accuracy"]
         del model
         self.eval_s += time.perf_counter() - t0
         log(f"  {clock_s:.0f} s, step {step}: accuracy {acc:.3f} (target {self.target:.3f})")
