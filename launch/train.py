@@ -42,7 +42,7 @@ from tqdm import tqdm
 from common import metrics as M
 from common.config import Config, ConfigError
 from common.device import DeviceError
-from common.memory import Footprint, footprint, memory_row, ray_row
+from common.memory import Footprint, footprint, memory_row, ray_row, tcmalloc_env
 from common.models import ModelNotFoundError, resolve_model
 from common.state_io import CheckpointError
 from common.types import LearnerStep, RolloutSummary, TrainPlan
@@ -103,11 +103,11 @@ class Trainer:
         self.layout = make_placement(cfg, self.devices, wait_s=(
             cfg.run.wait_for_capacity_s if learner_restarts else 0.0))
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
+        cpu_tcmalloc = cfg.run.learner_tcmalloc and not self.layout.learner_gpus
         self.learner = ray.remote(Learner).options(
             num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
             name=f"learner:{self.tag}", scheduling_strategy=self.layout.learner_strategy(),
-        ).remote(cfg)
-
+            runtime_env=tcmalloc_env() if cpu_tcmalloc else None).remote(cfg)
         self.pool = WorkerPool(cfg, rollout_worker_class(cfg), self.layout, tag=self.tag)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}

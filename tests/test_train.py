@@ -183,3 +183,25 @@ def test_drain_finishes_the_rollouts_in_flight_for_their_own_steps(ray_cluster, 
         assert row["rollout/version"] == 0 and row["weights/version"] == 2
     finally:
         trainer.shutdown()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_cpu_learner_runs_with_tcmalloc_when_it_is_installed(ray_cluster, tmp_path, on):
+    """run.learner_tcmalloc: the learner actor's process maps libtcmalloc_minimal (LD_PRELOAD
+    through its Ray runtime_env) and trains with it; switched off, it maps glibc's only."""
+    import ray
+
+    from common.memory import tcmalloc_env
+
+    if not tcmalloc_env():
+        pytest.skip("libtcmalloc_minimal is not installed (make tcmalloc, as root)")
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.run.learner_tcmalloc = 2, on
+    trainer = Trainer(cfg, str(tmp_path))
+    try:
+        pid = ray.get(trainer.learner.placement.remote())["pid"]
+        with open(f"/proc/{pid}/maps") as f:
+            assert ("libtcmalloc_minimal" in f.read()) == on
+        assert trainer.run()["steps"] == 2
+    finally:
+        trainer.shutdown()
