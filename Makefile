@@ -52,7 +52,7 @@ ui-deps: $(APP_STAMP)
 # Debian's tcmalloc (root, a few seconds): a CPU learner then runs with it (run.learner_tcmalloc),
 # its steps ~18% faster than with glibc malloc; without it everything works as before
 tcmalloc:
-	test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || \
+	ldconfig -p | grep -q libtcmalloc_minimal || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libtcmalloc-minimal4 >/dev/null || \
 	  (apt-get update -q >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libtcmalloc-minimal4 >/dev/null)

@@ -32,6 +32,8 @@ def test_another_preset_flags_or_eval_size_trains_again(tmp_path):
     assert finished_runs(str(path), "cpu-demo", ["--rollout.engine", "hf"], 200, "vllm") == {}
     assert finished_runs(str(path), "cpu-demo", flags, 100, "vllm") == {}
     assert finished_runs(str(tmp_path / "none.json"), "cpu-demo", flags, 200, "vllm") == {}
+    path.write_text('{"tag": ')  # torn by a kill mid-write
+    assert finished_runs(str(path), "cpu-demo", flags, 200, "vllm") == {}
 
 
 def test_a_file_from_before_the_engine_was_recorded_is_the_hf_engines(tmp_path):

@@ -27,6 +27,7 @@ from launch.cli import parse_config
 from launch.evaluate import score_saved
 from launch.train import Trainer
 from rewards import make_task
+from tools.experiments.forgetting import read_saved
 
 METRICS = ("accuracy", "strict_accuracy", "format_rate")
 
@@ -55,15 +56,12 @@ def finished_runs(path: str, preset: str, flags: list[str], eval_n: int,
                   engine: str) -> dict[int, dict]:
     """{seed: run} from an earlier results.json of the same preset, flags, eval size and
     rollout engine (files without one are from the HF engine, cpu-demo's before vLLM), else {}."""
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        old = json.load(f)
+    old = read_saved(path) or {}  # missing or torn by a kill mid-write: nothing to keep
     same_n = all(split["n"] == eval_n for split in old.get("base", {}).values())
     same = old.get("preset") == preset and old.get("flags") == flags
     if not (same and same_n and old.get("engine", "hf") == engine):
         return {}
-    return {r["seed"]: r for r in old["runs"]}
+    return {r["seed"]: r for r in old.get("runs", [])}
 
 
 def summarize(base: dict, runs: list[dict]) -> dict:
