@@ -13,6 +13,8 @@ release logs a warning at start. What it relies on beyond the public offline API
 * `llm.llm_engine.add_lora / remove_lora / list_loras` (LLM has no public add/remove), and
   `llm.llm_engine.model_config.get_vocab_size()`, `llm.llm_engine.engine_core.shutdown()`.
 * `FlatLogprobs` (`flat_logprobs=True`): per-position slices of token ids, log-probs and ranks.
+* `llm.llm_engine.step`, which `LLM.generate` calls once per engine step: wrapped on our own
+  engine object to call `before_step` first (common/core_lease.py picks the thread count there).
 """
 
 from __future__ import annotations
@@ -106,6 +108,16 @@ class VLLMEngine:
         if speculative is not None:  # e.g. {"method": "ngram", ...}: probes only (tools.spec_probe)
             kwargs.update(speculative_config=speculative)
         self.llm = LLM(**kwargs)
+        self.before_step = None
+        """called before every engine step (prefill or decode), in this thread"""
+        step = self.llm.llm_engine.step
+
+        def hooked_step(*args, **kw):
+            if self.before_step is not None:
+                self.before_step()
+            return step(*args, **kw)
+
+        self.llm.llm_engine.step = hooked_step
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
         self.top_k = -1 if vocab <= FULL_VOCAB_MAX else ENTROPY_TOP_K  # -1: all log-probs
 
@@ -138,6 +150,13 @@ class VLLMEngine:
                                       "stop" if c.finish_reason == "stop" else "length"))
             result.append(row)
         return result
+
+    def warm_up(self, rows: int) -> None:
+        """Run every decode batch of 1..rows sequences once: rows requests of 2..rows+1 tokens.
+        oneDNN fixes a GEMM's threading when a shape first runs (cached per shape across weight
+        reloads), so a worker that may borrow cores runs this on all of them first."""
+        params = [self.params(1, i, 1.0, i + 2, [], fixed_length=True) for i in range(rows)]
+        self.generate([[1, 2, 3, 4]] * rows, params)
 
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, tensors: dict) -> None:

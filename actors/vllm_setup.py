@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
+from common.core_lease import split_cores
 from common.models import cache_dir, cpu_supports_bf16
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -37,36 +39,57 @@ def worker_index(name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def cpu_bind(threads: int, index: int) -> str:
-    """The cores worker `index` owns: k consecutive cores of this process's affinity set."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
-        range(os.cpu_count() or 1))
-    start = index * threads
-    return ",".join(str(cores[(start + j) % len(cores)]) for j in range(min(threads, len(cores))))
+@dataclass(frozen=True)
+class ThreadPlan:
+    """A CPU worker's compute threads: `own` always, `own + lent` while the learner on its node
+    waits (common/core_lease.py); lent = 0 on a GPU, with lending off, or when the user bound
+    the threads (VLLM_CPU_OMP_THREADS_BIND)."""
+
+    own: int = 0
+    lent: int = 0
 
 
-def configure_env(cfg, name: str) -> None:
+def configure_env(cfg, name: str) -> ThreadPlan:
     """vLLM CPU settings; each only when the user has not set it (vLLM reads them at start)."""
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
     # One process: the engine core and its model worker run inside this (actor) process. vLLM
     # would otherwise spawn two more processes, each re-importing vLLM (~20 s apiece on 2
     # cores), and a SIGKILLed actor would leave them behind.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    in_process = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
     # vLLM logs INFO lines every step (a prefix-cache reset per weight load) and its whole
     # engine config at start; they would bury the run's progress bar and warnings
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    if not cuda_available():
-        own = cpu_bind(cfg.rollout.threads_per_worker, worker_index(name))
-        bind = os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", own)
-        # In-process engine: torch's thread pool must match the bound cores before vLLM binds
-        # them (it refuses set_num_threads afterwards); 2 OpenMP threads on 1 core ran 3-5x
-        # slower than 1.
-        import torch
+    if cuda_available():
+        return ThreadPlan()
+    r = cfg.rollout
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+        range(os.cpu_count() or 1))
+    own, lent = split_cores(cores, r.threads_per_worker, worker_index(name), r.num_workers,
+                            r.learner_threads)
+    user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if user in ("auto", "nobind"):
+        return ThreadPlan()
+    if user or not (r.lend_learner_cores and in_process):
+        lent = []  # the step hook that lends runs in this process only
+    plan = ThreadPlan(count_cores(user) if user else len(own), len(lent))
+    if not in_process:  # vLLM binds its engine process's threads to these cores
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, own)))
+    # In-process engine: torch's thread pool must be sized before vLLM starts (it refuses
+    # set_num_threads afterwards), and at its largest: oneDNN sizes each GEMM for the threads
+    # there are when it first runs that shape. 2 OpenMP threads on 1 core ran 3-5x slower.
+    import torch
 
-        threads = str(count_cores(bind)) if bind not in ("auto", "nobind") else None
-        if threads:
-            os.environ["OMP_NUM_THREADS"] = threads
-            torch.set_num_threads(int(threads))
+    os.environ["OMP_NUM_THREADS"] = str(plan.own + plan.lent)
+    torch.set_num_threads(plan.own + plan.lent)
+    return plan
+
+
+def set_compute_threads(n: int) -> None:
+    """torch's thread count, through the builtin vLLM's CPU worker hides behind a no-op
+    (`torch.set_num_threads` becomes one that only warns once an engine is up)."""
+    import torch
+
+    torch._C.set_num_threads(n)
 
 
 KV_HEADROOM = 2.0

@@ -88,10 +88,12 @@ from actors.vllm_setup import (
     eos_ids,
     lora_rank,
     max_positions,
+    set_compute_threads,
     vllm_dtype,
     write_peft_adapter,
 )
 from actors.weights import check_version
+from common.core_lease import Borrower, flag_path, lease_key
 from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
@@ -127,7 +129,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.base: dict = {}  # HF name -> W0 of merged modules (merge mode): file pages
         self.merged: dict = {}  # HF name -> reused output buffer of W0 + s B A (merge mode)
         self.base_override: dict | None = None  # the last full update, W0 for later merges
-        configure_env(cfg, name)
+        self.threads = configure_env(cfg, name)
         self.path = resolve_model(cfg.model.name)
         check_head_size(self.path)
         self.tokenizer = load_tokenizer(self.path)
@@ -143,6 +145,7 @@ class VLLMRolloutWorker(RolloutWorker):
             gpu_memory_utilization=engine_utilization(
                 cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None,
             kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path))
+        self.borrower = self._borrower()
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
@@ -156,10 +159,28 @@ class VLLMRolloutWorker(RolloutWorker):
         self.verifier = VerifierPool()
         self.last_load_s = 0.0
 
+    def _borrower(self) -> Borrower | None:
+        """Core lending (common/core_lease.py): every decode batch size first runs on all the
+        threads (oneDNN keeps the threading a GEMM shape first ran with), then this worker
+        keeps to its own cores except while the learner on its node is idle."""
+        plan = self.threads
+        if not plan.lent:
+            return None
+        r = self.cfg.rollout
+        self.engine.warm_up(-(-r.prompts_per_step * r.group_size // r.num_workers)
+                            * r.steps_per_call)
+        key = lease_key()
+        borrower = Borrower(flag_path(key) if key else None, plan.own, plan.lent,
+                            set_compute_threads)
+        self.engine.before_step = borrower.before_step
+        return borrower
+
     # ---- weights -------------------------------------------------------------------------
     def set_weights(self, update: WeightUpdate, version: int, rollback: bool = False) -> int:
         """Load the learner's update for `version`; same checks as the HF worker."""
         check_version(self.name, update, version, self.version, rollback)
+        if self.borrower is not None:
+            self.borrower.pick()  # a load runs beside the learner's update: its own cores then
         t0 = time.perf_counter()
         if update.kind == "lora":
             self._load_lora(update, version)
@@ -288,7 +309,10 @@ class VLLMRolloutWorker(RolloutWorker):
             batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
                                           call.group_size, sampled, skipped, t0, memory))
         elapsed = time.perf_counter() - t0
-        return [replace(b, gen_time_s=elapsed / len(batches)) for b in batches]
+        lent = self.borrower.stats() if self.borrower is not None else {"steps": 0}
+        share = lent["lent_steps"] / lent["steps"] if lent["steps"] else 0.0
+        return [replace(b, gen_time_s=elapsed / len(batches), lent_share=share)
+                for b in batches]
 
     def _requests(self, call: RolloutCall):
         """(kept, skipped, prompt ids, engine prompts, SamplingParams) of one call."""
@@ -325,6 +349,8 @@ class VLLMRolloutWorker(RolloutWorker):
         if self.adapter_root:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
         self.verifier.close()
+        if self.borrower is not None:
+            self.borrower.close()
         engine = self.__dict__.pop("engine", None)
         if engine is not None:
             engine.shutdown()

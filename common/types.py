@@ -76,6 +76,8 @@ class RolloutBatch:
     """prompts this call was given (skipped ones included)"""
     gen_time_s: float = 0.0
     """wall time of generation + verification on the worker"""
+    lent_share: float = 0.0
+    """share of the call's decode steps run on the learner's idle cores too (core_lease)"""
     worker: str = ""
     """name of the worker that produced it"""
     answers: list[str | None] = field(default_factory=list)
@@ -101,8 +103,8 @@ class RolloutBatch:
             reward_errors=list(self.reward_errors), answers=list(self.answers),
             sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
             num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
-            memory={self.worker: self.memory}, verifier_memory={self.worker: self.verifier_memory},
-            skipped=list(self.skipped))
+            lent_share=self.lent_share, memory={self.worker: self.memory},
+            verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped))
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class RolloutSummary:
     """prompts given, skipped ones included"""
     gen_time_s: float = 0.0
     """worker wall time (the slowest share, after concat)"""
+    lent_share: float = 0.0
+    """share of decode steps run on the learner's idle cores too (the shares' mean)"""
     worker: str = ""
     """worker name(s)"""
     memory: dict[str, Footprint] = field(default_factory=dict)
@@ -171,6 +175,7 @@ class RolloutSummary:
             prompt_index=index, reward_errors=join("reward_errors"), answers=join("answers"),
             sample_texts=samples, sample_index=rows, version=min(p.version for p in parts),
             num_prompts=offset, gen_time_s=max(p.gen_time_s for p in parts),
+            lent_share=float(np.mean([p.lent_share for p in parts])),
             worker=",".join(p.worker for p in parts),
             memory={k: v for p in parts for k, v in p.memory.items()},
             verifier_memory={k: v for p in parts for k, v in p.verifier_memory.items()},
@@ -192,6 +197,7 @@ class RolloutSummary:
             M.ROLLOUT_TOKENS: self.num_tokens,
             M.ROLLOUT_COMPLETIONS: len(self.lengths),
             M.ROLLOUT_TOKENS_PER_S: self.num_tokens / max(self.gen_time_s, 1e-9),
+            M.ROLLOUT_LENT_SHARE: self.lent_share,
             M.ROLLOUT_VERSION: self.version,
             M.ROLLOUT_SKIPPED: len(self.skipped),
             M.REWARD_ERRORS: len(errors),

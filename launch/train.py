@@ -2,7 +2,6 @@
 
 Local run (starts a Ray cluster of its own):
 
-    python -m launch.train --preset cpu-demo
     python -m launch.train --preset tiny --steps 4 --run-dir runs/tiny
     python -m launch.train --resume runs/tiny --steps 8      # continue from the last checkpoint
 
@@ -17,10 +16,9 @@ worker share -> each worker generates G completions per prompt and verifies them
 RolloutSummary to the driver and leaving the RolloutBatch in the object store -> the driver's
 TrainPlan (group-normalised advantages) -> Learner.train_step(plan, *batch refs) -> LearnerStep;
 before the next rollout launch the newest WeightUpdate is exported once into the object store
-and every worker loads that ref. Rollouts for
-step k use weights version >= k - max_staleness, so with staleness 1 the rollout of step k+1
-runs while the learner trains on step k. With rollout.steps_per_call = F, F consecutive steps
-share one generate call (one bigger decode batch); max_staleness >= 2F - 1 keeps it overlapped.
+and every worker loads that ref. Step k's rollout uses weights version >= k - max_staleness: at
+staleness 1 rollout k+1 runs while the learner trains on step k (common/core_lease.py lends it
+the learner's idle cores). steps_per_call F: F steps share one generate call (staleness 2F-1).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from tqdm import tqdm
 
 from common import metrics as M
 from common.config import Config, ConfigError
+from common.core_lease import lease_key, remove_flag
 from common.device import DeviceError
 from common.memory import Footprint, footprint, memory_row, ray_row, tcmalloc_env
 from common.models import ModelNotFoundError, resolve_model
@@ -369,6 +368,7 @@ class Trainer:
     def shutdown(self) -> None:
         self.pool.shutdown()
         kill_and_wait([self.learner])
+        remove_flag(lease_key())  # the learner's core-lending flag, on this node if it ran here
         self.layout.remove()
         self.writer.close()
 

@@ -10,6 +10,7 @@ A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray a
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import time
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from common import metrics as M
+from common.core_lease import LearnerFlag, flag_path, lease_key
 from common.device import actor_device, cap_process_memory, ray_placement
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.state_io import (
@@ -62,6 +64,8 @@ class Learner:
         set_threads(cfg.rollout.learner_threads)
         torch.manual_seed(cfg.run.seed)
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
+        key = lease_key() if cfg.rollout.lend_learner_cores and self.device == "cpu" else None
+        self.flag = LearnerFlag(flag_path(key)) if key else None  # workers here borrow cores
         if self.device == "cuda" and cfg.model.gpu_memory_gb:
             # the card is time-sliced with the rollout engine, which keeps its CUDA context
             cap_process_memory(cfg.model.gpu_memory_gb - ENGINE_ASLEEP_GB)
@@ -127,8 +131,17 @@ class Learner:
         self.recent.append(batch)
         return self.train_on(batch)
 
+    def _busy(self):
+        """While an update or consolidation runs, rollout workers on this node keep to their
+        own cores (common/core_lease.py)."""
+        return self.flag.busy() if self.flag is not None else contextlib.nullcontext()
+
     def train_on(self, batch: TrainBatch) -> LearnerStep:
         """One GRPO update on a TrainBatch (what `train_step` runs)."""
+        with self._busy():
+            return self._train_on(batch)
+
+    def _train_on(self, batch: TrainBatch) -> LearnerStep:
         g, t0 = self.cfg.grpo, time.perf_counter()
         T = max(len(c) for c in batch.completion_ids)
         mask = _pad([[True] * len(c) for c in batch.completion_ids], False, T, torch.bool)
@@ -233,6 +246,11 @@ class Learner:
 
     # ---- EWC -----------------------------------------------------------------------------
     def consolidate(self, batches: list[TrainBatch] | None = None) -> dict:
+        """EWC at a stage boundary: Fisher and anchor (`_consolidate`)."""
+        with self._busy():
+            return self._consolidate(batches)
+
+    def _consolidate(self, batches: list[TrainBatch] | None = None) -> dict:
         """Diagonal empirical Fisher of the completions' log-likelihood, then anchor.
 
             F_i = 1/S sum_{s=1..S} ( d/d theta_i  log pi(y_s | x_s) )^2,

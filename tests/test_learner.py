@@ -357,3 +357,34 @@ def test_logp_diff_is_measured_when_no_sequence_trains():
     metrics = learner.train_on(batch).row()
     assert metrics["tokens/active_seqs"] == 0
     assert metrics["policy/logp_diff"] == pytest.approx(0.5, abs=1e-4)
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_the_learner_flags_its_updates_busy_to_the_workers_of_its_node(lend, ray_cluster):
+    """common/core_lease.py: in a Ray job the learner's flag reads busy while an update runs
+    and idle otherwise (a worker on its node borrows its cores then); lending off: no flag."""
+    import os
+    import threading
+    import time
+
+    from common.core_lease import Borrower, flag_path, lease_key
+
+    cfg = tiny_cfg()
+    cfg.rollout.lend_learner_cores = lend
+    learner = Learner(cfg)
+    path = flag_path(lease_key())
+    assert os.path.exists(path) == lend
+    if not lend:
+        return
+    reader = Borrower(path, own=1, lent=1, set_threads=lambda n: None)
+    assert reader.learner_idle()
+    seen, update = [], threading.Thread(target=learner.train_on, args=(make_batch(),))
+    update.start()
+    while update.is_alive():
+        seen.append(reader.learner_idle())
+        time.sleep(0.0005)
+    update.join()
+    assert False in seen and reader.learner_idle()
+    assert learner.version == 1
+    learner.flag.close()
+    reader.close()

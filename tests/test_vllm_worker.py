@@ -314,3 +314,35 @@ def test_the_engine_logs_warnings_only_unless_the_user_chose_a_level(user_level)
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == (user_level or "WARNING")
+
+
+def test_a_worker_decodes_on_the_learners_idle_core_and_gives_it_back(model_path, hf,
+                                                                      ray_cluster):
+    """Core lending (common/core_lease.py), on a real engine: with the learner's flag idle every
+    decode step runs on both cores, while it is busy on the worker's own; the samples are the
+    same either way, and a weight load beside an update keeps to the worker's core."""
+    from actors.vllm_setup import ThreadPlan
+    from common.core_lease import LearnerFlag, flag_path, lease_key
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores: one for the worker, one for the learner")
+    threads = torch.get_num_threads()
+    flag = LearnerFlag(flag_path(lease_key()))  # this test process plays the learner
+    w = VLLMRolloutWorker(make_cfg(model_path), name="rollout-0", lora_merge=True)
+    try:
+        assert w.threads == ThreadPlan(own=1, lent=1)
+        call = RolloutCall(PROMPTS, G, Sampling(seed=3))
+        with flag.busy():
+            busy = w.generate(call)
+            assert busy.lent_share == 0.0 and torch.get_num_threads() == 1
+        idle = w.generate(call)
+        assert idle.lent_share == 1.0 and torch.get_num_threads() == 2
+        assert idle.completion_ids == busy.completion_ids
+        assert max_diff(idle.logprobs, busy.logprobs) < ATOL
+        with flag.busy():
+            w.set_weights(lora_payload(hf, 1), 1)
+            assert torch.get_num_threads() == 1
+    finally:
+        w.shutdown()
+        flag.close()
+        torch._C.set_num_threads(threads)  # vLLM hides torch.set_num_threads in this process
