@@ -69,7 +69,7 @@ def configure_env(cfg, name: str) -> ThreadPlan:
     user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
     if user in ("auto", "nobind"):
         return ThreadPlan()
-    if user or not (r.lend_learner_cores and in_process):
+    if user or not (r.share_cores and in_process):
         lent = []  # the step hook that lends runs in this process only
     plan = ThreadPlan(count_cores(user) if user else len(own), len(lent))
     if not in_process:  # vLLM binds its engine process's threads to these cores
@@ -82,14 +82,6 @@ def configure_env(cfg, name: str) -> ThreadPlan:
     os.environ["OMP_NUM_THREADS"] = str(plan.own + plan.lent)
     torch.set_num_threads(plan.own + plan.lent)
     return plan
-
-
-def set_compute_threads(n: int) -> None:
-    """torch's thread count, through the builtin vLLM's CPU worker hides behind a no-op
-    (`torch.set_num_threads` becomes one that only warns once an engine is up)."""
-    import torch
-
-    torch._C.set_num_threads(n)
 
 
 KV_HEADROOM = 2.0

@@ -65,6 +65,7 @@ vLLM-compatible tiny model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -88,12 +89,12 @@ from actors.vllm_setup import (
     eos_ids,
     lora_rank,
     max_positions,
-    set_compute_threads,
     vllm_dtype,
+    worker_index,
     write_peft_adapter,
 )
 from actors.weights import check_version
-from common.core_lease import Borrower, flag_path, lease_key
+from common.core_lease import LEARNER, Lease, flag_path, lease_key, set_torch_threads
 from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
@@ -145,7 +146,7 @@ class VLLMRolloutWorker(RolloutWorker):
             gpu_memory_utilization=engine_utilization(
                 cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None,
             kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path))
-        self.borrower = self._borrower()
+        self.lease = self._lease()
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
@@ -159,10 +160,11 @@ class VLLMRolloutWorker(RolloutWorker):
         self.verifier = VerifierPool()
         self.last_load_s = 0.0
 
-    def _borrower(self) -> Borrower | None:
-        """Core lending (common/core_lease.py): every decode batch size first runs on all the
-        threads (oneDNN keeps the threading a GEMM shape first ran with), then this worker
-        keeps to its own cores except while the learner on its node is idle."""
+    def _lease(self) -> Lease | None:
+        """Core sharing with the learner of this node (common/core_lease.py): every decode
+        batch size first runs on all the threads (oneDNN keeps the threading a GEMM shape first
+        ran with), then this worker runs on its own cores, and on the learner's too while it
+        waits; the learner borrows this worker's while it waits."""
         plan = self.threads
         if not plan.lent:
             return None
@@ -170,17 +172,25 @@ class VLLMRolloutWorker(RolloutWorker):
         self.engine.warm_up(-(-r.prompts_per_step * r.group_size // r.num_workers)
                             * r.steps_per_call)
         key = lease_key()
-        borrower = Borrower(flag_path(key) if key else None, plan.own, plan.lent,
-                            set_compute_threads)
-        self.engine.before_step = borrower.before_step
-        return borrower
+        lease = Lease(flag_path(key) if key else None, 1 + worker_index(self.name), plan.own,
+                      {LEARNER: plan.lent}, set_threads=set_torch_threads)
+        self.engine.before_step = lease.before_step
+        return lease
+
+    def _busy(self):
+        """The learner keeps off this worker's cores while it loads or generates."""
+        return self.lease.busy() if self.lease is not None else contextlib.nullcontext()
 
     # ---- weights -------------------------------------------------------------------------
     def set_weights(self, update: WeightUpdate, version: int, rollback: bool = False) -> int:
         """Load the learner's update for `version`; same checks as the HF worker."""
         check_version(self.name, update, version, self.version, rollback)
-        if self.borrower is not None:
-            self.borrower.pick()  # a load runs beside the learner's update: its own cores then
+        with self._busy():
+            if self.lease is not None:
+                self.lease.pick()  # a load runs beside the learner's update: own cores then
+            return self._set_weights(update, version)
+
+    def _set_weights(self, update: WeightUpdate, version: int) -> int:
         t0 = time.perf_counter()
         if update.kind == "lora":
             self._load_lora(update, version)
@@ -296,6 +306,10 @@ class VLLMRolloutWorker(RolloutWorker):
         (up to float reassociation in the batched GEMMs). gen_time_s is the engine call's time
         split evenly over the calls.
         """
+        with self._busy():  # verification included: the learner keeps off this core
+            return self._generate_steps(calls)
+
+    def _generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
         t0 = time.perf_counter()
         encoded = [self._requests(call) for call in calls]
         outs = self.engine.generate([x for enc in encoded for x in enc[3]],
@@ -309,7 +323,7 @@ class VLLMRolloutWorker(RolloutWorker):
             batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
                                           call.group_size, sampled, skipped, t0, memory))
         elapsed = time.perf_counter() - t0
-        lent = self.borrower.stats() if self.borrower is not None else {"steps": 0}
+        lent = self.lease.stats() if self.lease is not None else {"steps": 0}
         share = lent["lent_steps"] / lent["steps"] if lent["steps"] else 0.0
         return [replace(b, gen_time_s=elapsed / len(batches), lent_share=share)
                 for b in batches]
@@ -349,8 +363,8 @@ class VLLMRolloutWorker(RolloutWorker):
         if self.adapter_root:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
         self.verifier.close()
-        if self.borrower is not None:
-            self.borrower.close()
+        if self.lease is not None:
+            self.lease.close()
         engine = self.__dict__.pop("engine", None)
         if engine is not None:
             engine.shutdown()

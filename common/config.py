@@ -124,9 +124,9 @@ class RolloutConfig:
     """actor placement: auto (pack on one node when it fits, else spread), pack or spread"""
     engine_memory_gb: float = 0.0
     """GPU GiB the rollout engine may take when it shares a card (0: what the plan says)"""
-    lend_learner_cores: bool = True
-    """a CPU vLLM worker on the learner's node also decodes on the learner's cores while the
-    learner waits for rollouts (its own cores only during an update; common/core_lease.py)"""
+    share_cores: bool = True
+    """on a CPU node, the learner and the vLLM rollout workers lend each other their cores
+    while one waits (common/core_lease.py); false: each keeps to its own"""
 
     def __post_init__(self):
         _choice("rollout.engine", self.engine, ("hf", "vllm"))

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from common import metrics as M
-from common.core_lease import LearnerFlag, flag_path, lease_key
+from common.core_lease import LEARNER, Lease, flag_path, lease_key, set_torch_threads
 from common.device import actor_device, cap_process_memory, ray_placement
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.state_io import (
@@ -64,8 +64,7 @@ class Learner:
         set_threads(cfg.rollout.learner_threads)
         torch.manual_seed(cfg.run.seed)
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
-        key = lease_key() if cfg.rollout.lend_learner_cores and self.device == "cpu" else None
-        self.flag = LearnerFlag(flag_path(key)) if key else None  # workers here borrow cores
+        self.lease = self._lease()
         if self.device == "cuda" and cfg.model.gpu_memory_gb:
             # the card is time-sliced with the rollout engine, which keeps its CUDA context
             cap_process_memory(cfg.model.gpu_memory_gb - ENGINE_ASLEEP_GB)
@@ -131,10 +130,26 @@ class Learner:
         self.recent.append(batch)
         return self.train_on(batch)
 
+    def _lease(self) -> Lease | None:
+        """Core sharing with the CPU rollout workers of this node (common/core_lease.py): this
+        learner creates the node's flag file and borrows the cores of idle workers."""
+        r = self.cfg.rollout
+        key = lease_key() if r.share_cores and self.device == "cpu" else None
+        if key is None:
+            return None
+        return Lease(flag_path(key), LEARNER, r.learner_threads,
+                     {1 + i: r.threads_per_worker for i in range(r.num_workers)},
+                     set_threads=set_torch_threads, slots=1 + r.num_workers)
+
+    def _share_cores(self) -> None:
+        """Run on the cores of this node's waiting rollout workers too (common/core_lease.py)."""
+        if self.lease is not None:
+            self.lease.pick()
+
     def _busy(self):
         """While an update or consolidation runs, rollout workers on this node keep to their
         own cores (common/core_lease.py)."""
-        return self.flag.busy() if self.flag is not None else contextlib.nullcontext()
+        return self.lease.busy() if self.lease is not None else contextlib.nullcontext()
 
     def train_on(self, batch: TrainBatch) -> LearnerStep:
         """One GRPO update on a TrainBatch (what `train_step` runs)."""
@@ -159,6 +174,7 @@ class Learner:
         active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or kl_on)]
         stats, kl_anchor = losses.LossStats(), 0.0
         for idx in self._micro_batches(batch, active):
+            self._share_cores()
             # before the forward that backward() needs: the anchor's swap writes the params
             anchor = self._anchor_logp(batch, idx, sel) if anchored else None
             logp, _ = self._forward_selected(self.model, batch, idx, sel)
@@ -171,6 +187,7 @@ class Learner:
                 kl = losses.anchor_kl(logp, anchor, weights[idx])
                 loss = loss + self.cfg.ewc.anchor_kl * kl
                 kl_anchor += float(kl.detach())
+            self._share_cores()  # the backward is ~2/3 of a micro-batch: check again
             loss.backward()
             stats = stats + part
         if not active:  # nothing trains: still measure learner vs behaviour log-probs

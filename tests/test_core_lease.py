@@ -3,11 +3,21 @@ which cores a worker may borrow, and the flag that says when."""
 
 import multiprocessing as mp
 import os
+import time
 
 import pytest
 import torch
 
-from common.core_lease import Borrower, LearnerFlag, flag_path, remove_flag, split_cores
+from common.core_lease import (
+    BUSY,
+    IDLE,
+    LEARNER,
+    MIN_IDLE_S,
+    Lease,
+    flag_path,
+    remove_flag,
+    split_cores,
+)
 
 
 @pytest.mark.parametrize("cores, threads, workers, learner, expect", [
@@ -33,64 +43,107 @@ def threads_back():
     torch._C.set_num_threads(n)
 
 
-def test_a_worker_borrows_only_while_the_learner_flag_says_idle(tmp_path, threads_back):
-    path = str(tmp_path / "flag")
-    b = Borrower(path, own=1, lent=1, set_threads=threads_back)
-    b.before_step()  # no learner here (yet): own cores only
+def settle():
+    """Past MIN_IDLE_S: a role that said idle now lends."""
+    time.sleep(MIN_IDLE_S * 1.5)
+
+
+def learner_and_worker(path, set_threads):
+    """The learner (slot 0, creates the file) and worker 0 (slot 1), one thread each, each
+    lending to the other."""
+    learner = Lease(path, LEARNER, 1, {1: 1}, set_threads=set_threads, slots=2)
+    worker = Lease(path, 1, 1, {LEARNER: 1}, set_threads=set_threads)
+    return learner, worker
+
+
+def test_a_worker_borrows_only_while_the_learner_says_idle(tmp_path, threads_back):
+    path = str(tmp_path / "flags")
+    worker = Lease(path, 1, 1, {LEARNER: 1}, set_threads=threads_back)
+    worker.before_step()  # no learner here (yet): own cores only
     assert torch.get_num_threads() == 1
-    flag = LearnerFlag(path)
-    b.before_step()
+    learner = Lease(path, LEARNER, 1, {1: 1}, set_threads=threads_back, slots=2)
+    worker.before_step()
+    assert torch.get_num_threads() == 1  # idle for less than MIN_IDLE_S: not yet
+    settle()
+    worker.before_step()
     assert torch.get_num_threads() == 2
-    with flag.busy():
-        b.before_step()
+    with learner.busy():
+        worker.before_step()
         assert torch.get_num_threads() == 1
-        assert b.pick() == 1  # a weight load beside the update: own cores
-    b.before_step()
+        assert worker.pick() == 1
+    settle()
+    worker.before_step()
     assert torch.get_num_threads() == 2
-    assert b.stats() == {"lent_steps": 2, "steps": 4}
-    assert b.stats() == {"lent_steps": 0, "steps": 0}  # since the last call
-    flag.close()
+    assert worker.stats() == {"lent_steps": 2, "steps": 5}
+    assert worker.stats() == {"lent_steps": 0, "steps": 0}  # since the last call
+    learner.close(remove=True)
     assert not os.path.exists(path)
-    b.close()
+    worker.close()
 
 
-def test_a_worker_with_nothing_to_borrow_never_changes_its_threads(tmp_path, threads_back):
-    path = str(tmp_path / "flag")
-    flag = LearnerFlag(path)
-    threads_back(1)
-    b = Borrower(path, own=1, lent=0, set_threads=threads_back)
-    b.before_step()
-    assert torch.get_num_threads() == 1 and b.stats()["lent_steps"] == 0
-    flag.close()
+def test_the_learner_borrows_a_worker_core_only_once_the_worker_said_idle(tmp_path):
+    threads = []
+    learner, worker = learner_and_worker(str(tmp_path / "flags"), threads.append)
+    with learner.busy():
+        assert learner.pick() == 1  # the worker joined (idle) just now: not yet
+        settle()
+        assert learner.pick() == 2  # it waits: its core is free
+        with worker.busy():
+            assert learner.pick() == 1
+            assert worker.pick() == 1  # the learner is busy too
+        assert learner.pick() == 1  # the worker just ended a call: its next may be queued
+        settle()
+        assert learner.pick() == 2
+    settle()
+    assert worker.pick() == 2       # and the learner's, once it waits
+    worker.close()                  # a worker that leaves lends nothing
+    assert learner.pick() == 1
+    assert threads == [1, 1, 2, 1, 2, 2, 1]  # every change went through set_threads, once
+    assert learner.state(1)[0] not in (BUSY, IDLE)
+
+
+def test_a_role_with_nothing_to_borrow_never_changes_its_threads(tmp_path, threads_back):
+    path = str(tmp_path / "flags")
+    learner = Lease(path, LEARNER, 1, {}, set_threads=threads_back, slots=2)
+    worker = Lease(path, 1, 1, {}, set_threads=threads_back)
+    worker.before_step()
+    assert torch.get_num_threads() == 1 and worker.stats()["lent_steps"] == 0
+    assert learner.pick() == 1
+    learner.close(remove=True)
 
 
 def _die_busy(path: str) -> None:
-    update = LearnerFlag(path).busy()
+    update = Lease(path, LEARNER, 1, {}, set_threads=lambda n: None, slots=2).busy()
     update.__enter__()
     os._exit(0)  # killed mid-update: the flag stays set
 
 
-def test_a_replaced_learner_clears_the_flag_a_dead_one_left_set(tmp_path, threads_back):
-    """The replacement opens the same file in place, so a worker's existing mapping sees it."""
-    path = str(tmp_path / "flag")
-    LearnerFlag(path)
-    b = Borrower(path, own=1, lent=1, set_threads=threads_back)
-    assert b.pick() == 2
+def test_a_replaced_learner_clears_the_flag_a_dead_one_left_set(tmp_path):
+    """The replacement opens the same file in place, so a worker's existing mapping sees it;
+    the workers' slots are kept."""
+    path = str(tmp_path / "flags")
+    learner, worker = learner_and_worker(path, lambda n: None)
+    with worker.busy():
+        pass
+    settle()
+    assert worker.pick() == 2
     proc = mp.get_context("spawn").Process(target=_die_busy, args=(path,))
     proc.start()
     proc.join(60)
     assert proc.exitcode == 0
-    assert b.pick() == 1  # another process's busy flag reaches this mapping
-    LearnerFlag(path)     # the replacement learner
-    assert b.pick() == 2
-    b.close()
+    assert worker.pick() == 1  # another process's busy flag reaches this mapping
+    replacement = Lease(path, LEARNER, 1, {1: 1}, set_threads=lambda n: None, slots=2)
+    settle()
+    assert worker.pick() == 2
+    assert replacement.pick() == 2  # worker 0 still reads idle
+    worker.close()
 
 
-def test_the_flag_of_a_job_is_removed_at_the_end(tmp_path):
-    job = f"test{os.getpid()}"
-    LearnerFlag(flag_path(job)).close(remove=False)
-    assert os.path.exists(flag_path(job))
-    remove_flag(job)
-    assert not os.path.exists(flag_path(job))
-    remove_flag(job)     # already gone: no error
+def test_the_flag_file_of_a_run_is_removed_at_the_end(tmp_path):
+    key = f"test{os.getpid()}"
+    Lease(flag_path(key), LEARNER, 1, {}, set_threads=lambda n: None, slots=2).close()
+    assert os.path.exists(flag_path(key))
+    remove_flag(key)
+    assert not os.path.exists(flag_path(key))
+    remove_flag(key)     # already gone: no error
     remove_flag(None)    # outside a Ray job: nothing to do

@@ -359,32 +359,48 @@ def test_logp_diff_is_measured_when_no_sequence_trains():
     assert metrics["policy/logp_diff"] == pytest.approx(0.5, abs=1e-4)
 
 
-@pytest.mark.parametrize("lend", [True, False])
-def test_the_learner_flags_its_updates_busy_to_the_workers_of_its_node(lend, ray_cluster):
-    """common/core_lease.py: in a Ray job the learner's flag reads busy while an update runs
-    and idle otherwise (a worker on its node borrows its cores then); lending off: no flag."""
+@pytest.mark.parametrize("share", [True, False])
+def test_the_learner_marks_its_updates_and_borrows_an_idle_workers_core(share, ray_cluster):
+    """common/core_lease.py, in a Ray job: the learner's slot reads busy while an update runs
+    and idle otherwise (a worker on its node borrows its core then); its updates run on the
+    worker's core too while the worker says idle, not while it works. share off: no file."""
     import os
     import threading
     import time
 
-    from common.core_lease import Borrower, flag_path, lease_key
+    from common.core_lease import BUSY, LEARNER, MIN_IDLE_S, Lease, flag_path, lease_key
 
     cfg = tiny_cfg()
-    cfg.rollout.lend_learner_cores = lend
+    cfg.rollout.share_cores = share
+    threads = torch.get_num_threads()
     learner = Learner(cfg)
     path = flag_path(lease_key())
-    assert os.path.exists(path) == lend
-    if not lend:
+    assert os.path.exists(path) == share
+    if not share:
         return
-    reader = Borrower(path, own=1, lent=1, set_threads=lambda n: None)
-    assert reader.learner_idle()
-    seen, update = [], threading.Thread(target=learner.train_on, args=(make_batch(),))
-    update.start()
-    while update.is_alive():
-        seen.append(reader.learner_idle())
-        time.sleep(0.0005)
-    update.join()
-    assert False in seen and reader.learner_idle()
-    assert learner.version == 1
-    learner.flag.close()
-    reader.close()
+    worker = Lease(path, 1, 1, {LEARNER: 1}, set_threads=lambda n: None)  # worker 0's side
+    try:
+        assert worker.state(LEARNER)[0] != BUSY
+        with worker.busy():
+            learner.train_on(make_batch())
+            assert torch.get_num_threads() == 1  # the worker works: its core is not free
+        seen, done = [], threading.Event()
+
+        def watch():  # what worker 0 reads while the update runs (in this, the actor's thread)
+            while not done.is_set():
+                seen.append(worker.state(LEARNER)[0])
+                time.sleep(0.0005)
+
+        time.sleep(MIN_IDLE_S * 1.5)  # the worker has waited long enough to lend its core
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        learner.train_on(make_batch())
+        done.set()
+        watcher.join()
+        assert BUSY in seen and worker.state(LEARNER)[0] != BUSY
+        assert torch.get_num_threads() == 2  # the worker waited: its core trained too
+        assert learner.version == 2
+    finally:
+        worker.close()
+        learner.lease.close(remove=True)
+        torch.set_num_threads(threads)

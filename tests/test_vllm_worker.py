@@ -318,31 +318,43 @@ def test_the_engine_logs_warnings_only_unless_the_user_chose_a_level(user_level)
 
 def test_a_worker_decodes_on_the_learners_idle_core_and_gives_it_back(model_path, hf,
                                                                       ray_cluster):
-    """Core lending (common/core_lease.py), on a real engine: with the learner's flag idle every
+    """Core sharing (common/core_lease.py), on a real engine: with the learner idle every
     decode step runs on both cores, while it is busy on the worker's own; the samples are the
-    same either way, and a weight load beside an update keeps to the worker's core."""
+    same either way; a weight load beside an update keeps to the worker's core; and the worker
+    says busy while it works (the learner borrows its core only when it says idle)."""
+    import time
+
     from actors.vllm_setup import ThreadPlan
-    from common.core_lease import LearnerFlag, flag_path, lease_key
+    from common.core_lease import BUSY, IDLE, LEARNER, MIN_IDLE_S, Lease, flag_path, lease_key
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores: one for the worker, one for the learner")
     threads = torch.get_num_threads()
-    flag = LearnerFlag(flag_path(lease_key()))  # this test process plays the learner
+    # this test process plays the learner: it makes the node's flag file
+    learner = Lease(flag_path(lease_key()), LEARNER, 1, {1: 1}, set_threads=lambda n: None,
+                    slots=2)
     w = VLLMRolloutWorker(make_cfg(model_path), name="rollout-0", lora_merge=True)
     try:
         assert w.threads == ThreadPlan(own=1, lent=1)
         call = RolloutCall(PROMPTS, G, Sampling(seed=3))
-        with flag.busy():
+        with learner.busy():
             busy = w.generate(call)
             assert busy.lent_share == 0.0 and torch.get_num_threads() == 1
+        time.sleep(MIN_IDLE_S * 1.5)  # the learner has waited long enough to lend its core
         idle = w.generate(call)
         assert idle.lent_share == 1.0 and torch.get_num_threads() == 2
         assert idle.completion_ids == busy.completion_ids
         assert max_diff(idle.logprobs, busy.logprobs) < ATOL
-        with flag.busy():
+        assert learner.state(1)[0] == IDLE
+        w.engine.before_step = lambda: seen.append(learner.state(1)[0])  # the worker, mid-call
+        seen = []
+        w.generate(call)
+        assert seen and set(seen) == {BUSY} and learner.state(1)[0] == IDLE
+        w.engine.before_step = w.lease.before_step
+        with learner.busy():
             w.set_weights(lora_payload(hf, 1), 1)
             assert torch.get_num_threads() == 1
     finally:
         w.shutdown()
-        flag.close()
+        learner.close(remove=True)
         torch._C.set_num_threads(threads)  # vLLM hides torch.set_num_threads in this process

@@ -95,7 +95,7 @@ class VLLMRunner:
 
         cfg = get_preset("cpu-demo")
         cfg.rollout.threads_per_worker = threads  # bound to this process's first cores
-        cfg.rollout.lend_learner_cores = False  # exactly `threads`, no learner to borrow from
+        cfg.rollout.share_cores = False  # exactly `threads`: no learner to borrow from
         configure_env(cfg, "rollout-0")
         self.tok = load_tokenizer(path)
         self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
