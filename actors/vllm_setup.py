@@ -42,8 +42,8 @@ def worker_index(name: str) -> int:
 @dataclass(frozen=True)
 class ThreadPlan:
     """A CPU worker's compute threads: `own` always, `own + lent` while the learner on its node
-    waits (common/core_lease.py); lent = 0 on a GPU, with lending off, or when the user bound
-    the threads (VLLM_CPU_OMP_THREADS_BIND)."""
+    waits (common/core_lease.py); lent = 0 on a GPU, with rollout.share_cores off, with no core
+    left over for the learner, or when the user bound the threads (VLLM_CPU_OMP_THREADS_BIND)."""
 
     own: int = 0
     lent: int = 0

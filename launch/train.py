@@ -368,7 +368,7 @@ class Trainer:
     def shutdown(self) -> None:
         self.pool.shutdown()
         kill_and_wait([self.learner])
-        remove_flag(lease_key())  # the learner's core-lending flag, on this node if it ran here
+        remove_flag(lease_key())  # the core-sharing flag file, on this node if the learner ran here
         self.layout.remove()
         self.writer.close()
 

