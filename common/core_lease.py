@@ -30,6 +30,7 @@ import contextlib
 import mmap
 import os
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -67,10 +68,11 @@ def remove_flag(key: str | None) -> None:
 def lease_key() -> str | None:
     """This process's Ray node and job (`<node id>-<job id>`): the learner and the workers of
     one run on one node share it, and two Ray clusters on one machine never do. None outside
-    a Ray job."""
+    a Ray job (a process that never imported Ray is in none: it is not imported here)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
     try:
-        import ray
-
         if not ray.is_initialized():
             return None
         ctx = ray.get_runtime_context()
