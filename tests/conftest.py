@@ -139,6 +139,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     if ray.is_initialized():
+        # learners built in this process (in its Ray job) made a core-sharing flag file in
+        # /dev/shm that no Trainer.shutdown removes: remove it with the cluster
+        from common.core_lease import lease_key, remove_flag
+
+        remove_flag(lease_key())
         ray.shutdown()
 
 
