@@ -18,7 +18,7 @@ just before the worker takes its next queued call, so a role lends only once idl
 `MIN_IDLE_S`.
 
     lease = Lease(flag_path(lease_key()), slot=0, own=1, lenders={1: 1},
-                  set_threads=torch.set_num_threads, slots=2)   # the learner makes the file
+                  set_threads=set_torch_threads, slots=2)   # the learner makes the file
     with lease.busy():
         lease.pick()           # before each micro-batch: 1 thread, 2 while worker 0 is idle
 """
