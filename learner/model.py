@@ -1,23 +1,22 @@
 """The learner's one adapter to transformers and peft: policy construction (full fine-tune,
-LoRA, QLoRA on an NF4 base), the selected-position forward, the shared-prefix forward with its
-replay-safe KV caches, gradient checkpointing, and the LoRA reference context.
+LoRA, QLoRA on an NF4 base), the selected-position forward, the shared-prefix forward (a prompt
+and its completions packed in one row), gradient checkpointing, and the LoRA reference context.
 
 The decoder runs on the whole sequence, but the LM head and the log-softmax run only at the
 positions the entropy mask selected, which is where most of a small model's FLOPs go (vocab 49k
 x hidden 576 for SmolLM2) and so where rho < 1 saves compute. Written against transformers
-5.16-5.19 (cache classes and `GradientCheckpointingLayer` are internal API).
+5.16-5.19 (a custom 4D attention mask is passed through as is: `masking_utils`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
-from transformers.cache_utils import Cache, DynamicLayer
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from common.models import cpu_supports_bf16, load_model, resolve_model
 from common.quant import load_nf4_model
@@ -148,63 +147,101 @@ def _target_logprobs(logits, targets):
     return logp, entropy
 
 
+class Packed(NamedTuple):
+    """Each distinct prompt and all of its completions in one row: [prompt][c_1][c_2]...
+
+    U packed rows of width L (right-padded); m sequences (prompt i + completion i).
+    """
+
+    ids: torch.Tensor
+    """(U, L) token ids, 0 in the padding"""
+    positions: torch.Tensor
+    """(U, L) position ids: the prompt 0..P-1, every completion P.. again"""
+    segment: torch.Tensor
+    """(U, L) 0 the prompt, j >= 1 the row's j-th completion, -1 padding"""
+    row: torch.Tensor
+    """(m,) the packed row holding sequence i"""
+    start: torch.Tensor
+    """(m,) column of completion i's first token"""
+    prompt_end: torch.Tensor
+    """(m,) column of sequence i's last prompt token (its state predicts completion token 0)"""
+
+
+def pack_by_prompt(prompts: list[list[int]], completions: list[list[int]]) -> Packed:
+    """Pack sequences sharing a prompt into one row (pure: lists in, CPU tensors out)."""
+    rows: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prompts):
+        rows.setdefault(tuple(p), []).append(i)
+    m = len(prompts)
+    row, start, prompt_end = [0] * m, [0] * m, [0] * m
+    ids, pos, seg = [], [], []
+    for u, (prompt, members) in enumerate(rows.items()):
+        r_ids, r_pos, r_seg = list(prompt), list(range(len(prompt))), [0] * len(prompt)
+        for j, i in enumerate(members, 1):
+            row[i], start[i], prompt_end[i] = u, len(r_ids), len(prompt) - 1
+            n = len(completions[i])
+            r_ids += list(completions[i])
+            r_pos += range(len(prompt), len(prompt) + n)
+            r_seg += [j] * n
+        ids.append(r_ids), pos.append(r_pos), seg.append(r_seg)
+    L = max(len(r) for r in ids)
+
+    def padded(rs, fill):
+        return torch.tensor([list(r) + [fill] * (L - len(r)) for r in rs])
+
+    return Packed(padded(ids, 0), padded(pos, 0), padded(seg, -1), torch.tensor(row),
+                  torch.tensor(start), torch.tensor(prompt_end))
+
+
+def packed_mask(segment: torch.Tensor) -> torch.Tensor:
+    """(U, L) segments -> (U, 1, L, L) bool, True where query q may attend key k: causal, and
+    k is in the prompt or in q's own completion (a completion never sees its siblings).
+    Padding sees the prompt and earlier padding only, so no row of the softmax is empty."""
+    L = segment.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=segment.device).tril()   # (L, L)
+    q, k = segment[:, :, None], segment[:, None, :]                      # (U, L, 1), (U, 1, L)
+    return (causal & ((k == 0) | (k == q)))[:, None]                             # (U, 1, L, L)
+
+
 def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
                            rows, cols, temperature: float = 1.0,
                            autocast_dtype=torch.float32):
     """`selected_logprobs` for prompt+completion sequences, each distinct prompt run once.
 
-    A GRPO step holds G completions of every prompt; the prompt is usually the longer part, so
-    running it once and handing its KV cache (gathered per sequence, which is differentiable:
-    gradients of the G copies add up) to the completions' forward cuts the learner's FLOPs by
-    about (G - 1) / G of the prompt share. Prompts are left-padded so each one's last real
-    token sits in the last column, whose hidden state predicts the first completion token.
-    The caches are replay-safe (learner/prefix_cache.py), so this works under gradient
-    checkpointing too. Models with sliding-window layers run the plain full-sequence forward.
+    A GRPO step holds G completions of every prompt, and the prompt is usually the longer
+    part. Each prompt and all of its completions go into one packed row (`pack_by_prompt`)
+    with a block attention mask (`packed_mask`): a completion attends to its prompt and to
+    itself, and its positions restart after the prompt, so every log-prob and gradient equals
+    the plain forward's, while the prompt runs once and no completion is padded to the longest
+    one. Models with sliding-window layers run the plain full-sequence forward.
 
     prompts, completions: (m, P_i), (m, T_i) token ids, no padding.
     rows, cols: (K,) selected completion tokens (sequence, index into its completion).
     Returns logp (K,), entropy (K,) in fp32, as `selected_logprobs`.
     """
-    if not supports_prefix_cache(model):
+    if not supports_packing(model):
         return _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature,
                                        autocast_dtype)
     decoder, head = decoder_and_head(model)
     dev, out_dev = head.weight.device, rows.device
-    uniq: dict[tuple, int] = {}
-    owner = [uniq.setdefault(tuple(p), len(uniq)) for p in prompts]
-    distinct = list(uniq)
-    P, T = max(len(p) for p in distinct), max(len(c) for c in completions)
-
-    def t(x):
-        return torch.tensor(x, device=dev)
-
-    owner = t(owner)                                                             # (m,)
-    p_ids = t([[0] * (P - len(p)) + list(p) for p in distinct])                  # (U, P)
-    p_mask = t([[0] * (P - len(p)) + [1] * len(p) for p in distinct])            # (U, P)
-    c_ids = t([list(c) + [0] * (T - len(c)) for c in completions])               # (m, T)
-    c_mask = t([[1] * len(c) + [0] * (T - len(c)) for c in completions])         # (m, T)
+    pk = Packed(*(t.to(dev) for t in pack_by_prompt(prompts, completions)))
     rows, cols = rows.to(dev), cols.to(dev)
-    plen = p_mask.sum(1)[owner]                                                  # (m,)
+    mask = packed_mask(pk.segment)                                               # (U, 1, L, L)
+    if model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+        mask = torch.zeros(mask.shape, device=dev).masked_fill(~mask, torch.finfo().min)
     with _autocast(dev, autocast_dtype):
-        recorded = record_cache()
-        # use_cache=False: our explicit caches are used all the same; True would only make
-        # checkpointed layers warn that they turn it off
-        pre = decoder(input_ids=p_ids, attention_mask=p_mask, past_key_values=recorded,
-                      use_cache=False, position_ids=(p_mask.cumsum(1) - 1).clamp(min=0))
-        prefix = read_cache(*gathered(recorded, owner))                         # (m, ...)
-        hidden = decoder(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner], c_mask], 1),
-                         past_key_values=prefix, use_cache=False,
-                         position_ids=plen[:, None] + torch.arange(T, device=dev)
-                         ).last_hidden_state                                     # (m, T, H)
-        # column t predicts completion token t: the prompt's last state, then completion states
-        h_all = torch.cat([pre.last_hidden_state[owner, -1:], hidden[:, :-1]], 1)   # (m, T, H)
-    logp, entropy = head_logprobs(head, h_all[rows, cols], c_ids[rows, cols], temperature)
+        hidden = decoder(input_ids=pk.ids, attention_mask=mask, position_ids=pk.positions,
+                         use_cache=False).last_hidden_state                      # (U, L, H)
+    # completion token c is predicted by the state before it: the prompt's last for c = 0
+    r, first = pk.row[rows], pk.start[rows]                                      # (K,), (K,)
+    at = torch.where(cols > 0, first + cols - 1, pk.prompt_end[rows])            # (K,)
+    logp, entropy = head_logprobs(head, hidden[r, at], pk.ids[r, first + cols], temperature)
     return logp.to(out_dev), entropy.to(out_dev)
 
 
 def _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature,
                             autocast_dtype):
-    """`shared_prefix_logprobs` without prefix sharing: each prompt+completion right-padded."""
+    """`shared_prefix_logprobs` without packing: each prompt+completion right-padded."""
     dev, out_dev = decoder_and_head(model)[1].weight.device, rows.device
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
     L = max(len(s) for s in seqs)
@@ -218,65 +255,16 @@ def _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature
     return logp.to(out_dev), entropy.to(out_dev)
 
 
-# ---- the replay-safe KV caches of the shared-prefix forward -------------------------------------
-# transformers' DynamicCache appends on every `update`, which gradient checkpointing cannot use:
-# the backward pass re-runs each checkpointed layer, and a second append would change what the
-# layer computes, so transformers drops the cache of checkpointed layers (GradientCheckpointing-
-# Layer), which broke the prefix hand-off. These two are replay-safe, so checkpointed layers may
-# keep them: the prompt pass records the keys/values it is given (a replay records the equal
-# recomputed ones again); the completion pass returns prefix + new keys/values and stores
-# nothing, so a replay computes exactly what the first pass did.
-
-class _RecordLayer(DynamicLayer):
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = key_states, value_states
-        return key_states, value_states
-
-
-class _ReadLayer(DynamicLayer):
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.keys, self.values = keys, values
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return (torch.cat([self.keys, key_states], dim=-2),
-                torch.cat([self.values, value_states], dim=-2))
-
-
-def record_cache() -> Cache:
-    """An empty cache for the prompt pass (one `_RecordLayer` per layer, made on first use)."""
-    return Cache(layer_class_to_replicate=_RecordLayer)
-
-
-def gathered(cache: Cache, index: torch.Tensor) -> tuple[list, list]:
-    """Per-layer (keys, values) of a recorded cache, rows picked by `index` (differentiable:
-    the gradients of rows that share a prompt add up). (U, heads, P, d) -> (m, heads, P, d)."""
-    return ([layer.keys[index] for layer in cache.layers],
-            [layer.values[index] for layer in cache.layers])
-
-
-def read_cache(keys: list[torch.Tensor], values: list[torch.Tensor]) -> Cache:
-    """A fixed prefix for the completion pass; nothing is appended to it."""
-    return Cache(layers=[_ReadLayer(k, v) for k, v in zip(keys, values)])
-
-
-def supports_prefix_cache(model) -> bool:
-    """Full-attention decoders only: sliding-window layers size their cache differently."""
+def supports_packing(model) -> bool:
+    """Full-attention decoders only: a sliding-window layer would need its own packed mask."""
     config = model.config.get_text_config(decoder=True)
     types = getattr(config, "layer_types", None) or []
     return not any(t != "full_attention" for t in types)
 
 
 def enable_checkpointing(model) -> None:
-    """Gradient checkpointing (non-reentrant) that keeps our replay-safe caches."""
+    """Gradient checkpointing (non-reentrant)."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module._can_checkpoint_with_cache = True  # our caches are replay-safe (see above)
 
 
 def set_threads(n: int) -> None:

@@ -12,7 +12,6 @@ from common.types import TrainBatch
 from launch.presets import get_preset
 from learner.export import to_peft_state_dict
 from learner.learner import Learner
-from learner.model import selected_logprobs, shared_prefix_logprobs
 
 
 def tiny_cfg(mode="lora", **grpo):
@@ -193,45 +192,6 @@ def test_save_final_loads_with_transformers(tmp_path):
     assert tok.decode(tok("Answer: 7")["input_ids"], skip_special_tokens=True) == "Answer: 7"
 
 
-@pytest.mark.parametrize("mode", ["lora", "full"])
-def test_shared_prefix_forward_equals_the_plain_forward_values_and_gradients(mode):
-    """Two prompts of different lengths x 3 completions each: running each prompt once and
-    gathering its KV cache gives the plain forward's log-probs, entropies and gradients."""
-    learner = Learner(tiny_cfg(mode))
-    learner.train_on(make_batch(seed=0)).row()  # off the init (LoRA B = 0 there)
-    rng = np.random.default_rng(7)
-    p0, p1 = list(rng.integers(3, 90, 4)), list(rng.integers(3, 90, 7))
-    prompts = [p0] * 3 + [p1] * 3
-    comps = [list(rng.integers(3, 90, n)) for n in (5, 2, 8, 3, 8, 6)]
-    T = max(len(c) for c in comps)
-    sel = torch.tensor([[j < len(c) and (i + j) % 3 != 1 for j in range(T)]
-                        for i, c in enumerate(comps)])                          # (6, T)
-    rows, cols = sel.nonzero(as_tuple=True)
-    seqs = [p + c for p, c in zip(prompts, comps)]
-    L = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs])
-    attn = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs])
-    plen = torch.tensor([len(p) for p in prompts])
-    model, params = learner.model, list(learner.params.values())
-
-    def run(fn):
-        logp, ent = fn()
-        grads = torch.autograd.grad((logp * torch.linspace(0.5, 1.5, len(logp))).sum(), params,
-                                    allow_unused=True)
-        return logp.detach(), ent, grads
-
-    plain = run(lambda: selected_logprobs(model, ids, attn, rows, plen[rows] + cols - 1,
-                                          ids[rows, plen[rows] + cols]))
-    shared = run(lambda: shared_prefix_logprobs(model, prompts, comps, rows, cols))
-    torch.testing.assert_close(shared[0], plain[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(shared[1], plain[1], atol=1e-5, rtol=1e-5)
-    assert any(g is not None and g.abs().sum() > 0 for g in plain[2])
-    for a, b in zip(shared[2], plain[2]):
-        assert (a is None) == (b is None)
-        if a is not None:
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
-
-
 def test_forward_selected_trims_after_the_last_selected_token_without_changing_log_probs():
     learner = Learner(tiny_cfg("lora"))
     learner.train_on(make_batch(seed=0)).row()
@@ -261,7 +221,7 @@ def _sgd_delta(learner, batch):
 
 @pytest.mark.parametrize("mode", ["lora", "full"])
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
-    """Checkpointed layers keep the shared-prefix KV hand-off (replay-safe caches)."""
+    """Checkpointed layers under the packed shared-prefix forward: same loss and gradients."""
     batch = make_batch(8, seed=11)
     batch = replace(batch, prompt_ids=[batch.prompt_ids[i // 4] for i in range(8)])  # shared
     results = []
@@ -271,7 +231,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(mode):
         learner = Learner(cfg)
         if gc:
             layers = [m for m in learner.model.modules()
-                      if hasattr(m, "_can_checkpoint_with_cache")]
+                      if getattr(m, "gradient_checkpointing", None) is not None]
             assert layers and all(m.gradient_checkpointing for m in layers)
         learner.train_on(make_batch(seed=0)).row()  # off the init (LoRA B = 0 there)
         results.append(_sgd_delta(learner, batch))
