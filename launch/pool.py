@@ -13,6 +13,7 @@ returning them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 
@@ -338,3 +339,12 @@ def kill_and_wait(actors: list, timeout_s: float = 30.0) -> None:
             ray.get(a.ping.remote(), timeout=timeout_s)
         except (RayActorError, GetTimeoutError):
             pass
+
+
+def close_and_kill(actors: list, timeout_s: float = 30.0) -> None:
+    """Let actors clean up first (`close`: the learner removes its node's core-sharing flag
+    file, which the driver on another node cannot), then `kill_and_wait` them; a dead or hung
+    one is killed all the same."""
+    with contextlib.suppress(RayActorError, GetTimeoutError):
+        ray.get([a.close.remote() for a in actors], timeout=timeout_s)
+    kill_and_wait(actors, timeout_s)

@@ -50,7 +50,7 @@ from launch.cli import resolve_run
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
 from launch.placement import CapacityLostError, connect, make_placement, refuse_missing_gpu
-from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, kill_and_wait
+from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, close_and_kill
 from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
 from launch.supervise import LearnerLostError, run_supervised
@@ -367,8 +367,8 @@ class Trainer:
 
     def shutdown(self) -> None:
         self.pool.shutdown()
-        kill_and_wait([self.learner])
-        remove_flag(lease_key())  # the core-sharing flag file, on this node if the learner ran here
+        close_and_kill([self.learner])  # the learner removes its core-sharing flag file
+        remove_flag(lease_key())  # a dead learner's, if it ran on this node
         self.layout.remove()
         self.writer.close()
 

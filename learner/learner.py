@@ -87,6 +87,13 @@ class Learner:
     def ping(self) -> int:
         return self.version
 
+    def close(self) -> None:
+        """The run is over: remove this node's core-sharing flag file (the actor is killed
+        next, and the driver may be on another node, where it cannot remove it)."""
+        if self.lease is not None:
+            self.lease.close(remove=True)
+            self.lease = None
+
     def placement(self) -> dict:
         """Where this learner runs: its device, what Ray assigned it (e.g. a GPU share), its
         node and pid."""

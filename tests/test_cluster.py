@@ -6,6 +6,7 @@ SPREADing it over all three: the tiny preset must still train, sync weights acro
 finish. An impossible layout must fail fast with the one-line ConfigError.
 """
 
+import glob
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from common.config import ConfigError
+from common.core_lease import flag_dir
 from launch import run_io
 from launch.placement import make_placement
 from launch.presets import get_preset
@@ -84,6 +86,10 @@ def test_tiny_run_spreads_over_nodes(three_nodes, tmp_path):
         bundle_nodes = layout.node_ids()
     finally:
         trainer.shutdown()
+    # the learner ran on another node than the driver: it removed its core-sharing flag file
+    job = ray.get_runtime_context().get_job_id()
+    assert not [f for n in ray.nodes() for f in glob.glob(
+        os.path.join(flag_dir(), f"homerl-cores-{n['NodeID'][:16]}-{job}"))]
     assert layout.strategy == "SPREAD"  # 3 x 1 CPU fits on no single 1-CPU node
     worker_nodes = [p["node_id"] for p in pings]
     assert len(set(worker_nodes)) == 2, worker_nodes

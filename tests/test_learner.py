@@ -362,5 +362,7 @@ def test_the_learner_marks_its_updates_and_borrows_an_idle_workers_core(share, r
         assert learner.version == 2
     finally:
         worker.close()
-        learner.lease.close(remove=True)
+        learner.close()  # the end of a run (Trainer.shutdown): the learner removes the file
         torch.set_num_threads(threads)
+    assert not os.path.exists(path)
+    learner.close()  # twice: nothing left to do
