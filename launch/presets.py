@@ -44,7 +44,7 @@ def _cpu_demo() -> Config:
                               temperature=0.8, num_workers=1, threads_per_worker=1,
                               learner_threads=1, max_staleness=1),
         # micro_batch 8, one prompt's G completions packed in one row: the learner's step
-        # ~17% shorter than at 4 (its time is no longer hidden: core sharing lends what it
+        # ~22% shorter than at 4 (its time is no longer hidden: core sharing lends what it
         # saves to the rollout) for ~0.25 GiB more activation peak (README, "Memory")
         # entropy_rho 1.0, every completion token in the loss: against the top 20% it raised
         # unseen accuracy 58.7 -> 69.5% (3 seeds) and reached +20 points sooner (README,

@@ -183,7 +183,9 @@ def pack_by_prompt(prompts: list[list[int]], completions: list[list[int]]) -> Pa
             r_ids += list(completions[i])
             r_pos += range(len(prompt), len(prompt) + n)
             r_seg += [j] * n
-        ids.append(r_ids), pos.append(r_pos), seg.append(r_seg)
+        ids.append(r_ids)
+        pos.append(r_pos)
+        seg.append(r_seg)
     L = max(len(r) for r in ids)
 
     def padded(rs, fill):
@@ -213,7 +215,7 @@ def shared_prefix_logprobs(model, prompts: list[list[int]], completions: list[li
     with a block attention mask (`packed_mask`): a completion attends to its prompt and to
     itself, and its positions restart after the prompt, so every log-prob and gradient equals
     the plain forward's, while the prompt runs once and no completion is padded to the longest
-    one. Models with sliding-window layers run the plain full-sequence forward.
+    one. Other models (`supports_packing`) run the plain full-sequence forward.
 
     prompts, completions: (m, P_i), (m, T_i) token ids, no padding.
     rows, cols: (K,) selected completion tokens (sequence, index into its completion).
@@ -256,10 +258,12 @@ def _full_sequence_logprobs(model, prompts, completions, rows, cols, temperature
 
 
 def supports_packing(model) -> bool:
-    """Full-attention decoders only: a sliding-window layer would need its own packed mask."""
+    """Full-attention decoders under sdpa or eager attention only: a sliding-window layer would
+    need its own packed mask, and flash-attention kernels take no 4D mask."""
     config = model.config.get_text_config(decoder=True)
     types = getattr(config, "layer_types", None) or []
-    return not any(t != "full_attention" for t in types)
+    return (model.config._attn_implementation in ("sdpa", "eager")
+            and not any(t != "full_attention" for t in types))
 
 
 def enable_checkpointing(model) -> None:

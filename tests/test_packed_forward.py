@@ -101,3 +101,27 @@ def test_packed_forward_equals_the_plain_forward_values_and_gradients(arch, mode
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_a_sliding_window_model_runs_the_plain_forward_and_gets_its_log_probs():
+    """A packed row is longer than each sequence, and a sliding-window layer would see the
+    wrong keys under the packed mask: such a model takes the unpacked path, still exact."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from learner.model import supports_packing
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+        sliding_window=4, max_window_layers=0)).eval()
+    assert "sliding_attention" in model.config.layer_types and not supports_packing(model)
+    prompts, comps = [[5, 6, 7, 8, 9]] * 2, [[11, 12, 13, 14], [15, 16]]
+    rows, cols = torch.tensor([0, 0, 0, 0, 1, 1]), torch.tensor([0, 1, 2, 3, 0, 1])
+    with torch.no_grad():
+        logp, _ = shared_prefix_logprobs(model, prompts, comps, rows, cols)
+        ref = []
+        for p, c in zip(prompts, comps):
+            logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1: -1]
+            ref.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c)[:, None])[:, 0])
+    torch.testing.assert_close(logp, torch.cat(ref), atol=1e-5, rtol=1e-5)
