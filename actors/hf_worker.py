@@ -99,6 +99,8 @@ class HFRolloutWorker(RolloutWorker):
         # fp32: merge LoRA into the weights (decodes at base speed); bf16: keep it unmerged
         self.weights = WeightApplier(self.model, merge=self.model.dtype == torch.float32)
         self.version = 0
+        self.load_s = 0.0
+        """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""
         self.verifier = VerifierPool()
         overridden = model_overrides(read_generation_config(path), cfg.rollout.temperature)
         if overridden:
@@ -115,9 +117,11 @@ class HFRolloutWorker(RolloutWorker):
         a failed share with the weights that share was launched with).
         """
         check_version(self.name, update, version, self.version, rollback)
+        t0 = time.perf_counter()
         self.weights.apply(update)
         release_free_memory()  # the update's temporaries go back to the OS, not the heap
         self.version = version
+        self.load_s += time.perf_counter() - t0
         return version
 
     def _encode(self, prompts: list[dict]):

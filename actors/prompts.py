@@ -50,12 +50,14 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
                    memory: tuple[Footprint, Footprint]) -> RolloutBatch:
     """Decode and verify G completions per kept prompt; the worker's RolloutBatch.
 
-    worker: the calling rollout worker (its tokenizer, verifier, cfg, version and name).
+    worker: the calling rollout worker (its tokenizer, verifier, cfg, version, name, and
+    `load_s`: its weight load since the last batch, reported here once and reset).
     sampled: (completion ids, behaviour log-probs, entropies, finish reasons), one row per
     completion, prompt-major (row r belongs to kept prompt r // G).
     memory: (the worker's footprint, its verifier's), from `worker_memory`.
     """
     comps, lps, ents, reasons = sampled
+    load_s, worker.load_s = worker.load_s, 0.0  # the first batch after a load reports it
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in keep for _ in range(group_size)]
     styles = [prompts[i].get("style") for i in index]
@@ -73,6 +75,6 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
                         format_gated(worker.cfg.reward, worker.version)),
         reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
         version=worker.version, num_prompts=len(prompts),
-        gen_time_s=time.perf_counter() - t0, worker=worker.name, memory=memory[0],
+        gen_time_s=time.perf_counter() - t0, load_s=load_s, worker=worker.name, memory=memory[0],
         verifier_memory=memory[1],
         skipped=skipped)

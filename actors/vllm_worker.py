@@ -158,7 +158,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.adapter_seq = 0
         self.version = 0
         self.verifier = VerifierPool()
-        self.last_load_s = 0.0
+        self.load_s = 0.0
 
     def _lease(self) -> Lease | None:
         """Core sharing with the learner of this node (common/core_lease.py): every decode
@@ -202,7 +202,7 @@ class VLLMRolloutWorker(RolloutWorker):
             raise ValueError(f"weights update kind must be lora or full; got {update.kind!r}")
         self.engine.reset_prefix_cache()
         self.version = version
-        self.last_load_s = time.perf_counter() - t0
+        self.load_s += time.perf_counter() - t0
         return version
 
     def _load_nf4_base(self) -> None:

@@ -23,6 +23,8 @@ ROLLOUT_TRUNCATED = "rollout/truncated"
 ROLLOUT_TOKENS = "rollout/tokens"
 ROLLOUT_TOKENS_PER_S = "rollout/tokens_per_s"
 ROLLOUT_LENT_SHARE = "rollout/lent_core_share"
+WEIGHT_LOAD_S = "time/weight_load_s"
+"""the rollout worker's weight load before the step's call (the slowest worker's)"""
 """share of a call's decode steps a CPU worker ran on the waiting learner's cores too
 (common/core_lease.py)"""
 ROLLOUT_COMPLETIONS = "rollout/completions"

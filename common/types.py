@@ -78,6 +78,9 @@ class RolloutBatch:
     """wall time of generation + verification on the worker"""
     lent_share: float = 0.0
     """share of the call's decode steps run on the learner's idle cores too (core_lease)"""
+    load_s: float = 0.0
+    """the worker's weight load since its last call (the one this call samples from), seconds:
+    on its critical path between two calls; 0 when none was loaded"""
     worker: str = ""
     """name of the worker that produced it"""
     answers: list[str | None] = field(default_factory=list)
@@ -103,7 +106,7 @@ class RolloutBatch:
             reward_errors=list(self.reward_errors), answers=list(self.answers),
             sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
             num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
-            lent_share=self.lent_share, memory={self.worker: self.memory},
+            lent_share=self.lent_share, load_s=self.load_s, memory={self.worker: self.memory},
             verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped))
 
 
@@ -137,6 +140,8 @@ class RolloutSummary:
     """worker wall time (the slowest share, after concat)"""
     lent_share: float = 0.0
     """share of decode steps run on the learner's idle cores too (the shares' mean)"""
+    load_s: float = 0.0
+    """weight load before the call (the slowest share's, after concat)"""
     worker: str = ""
     """worker name(s)"""
     memory: dict[str, Footprint] = field(default_factory=dict)
@@ -176,6 +181,7 @@ class RolloutSummary:
             sample_texts=samples, sample_index=rows, version=min(p.version for p in parts),
             num_prompts=offset, gen_time_s=max(p.gen_time_s for p in parts),
             lent_share=float(np.mean([p.lent_share for p in parts])),
+            load_s=max((p.load_s for p in parts), default=0.0),
             worker=",".join(p.worker for p in parts),
             memory={k: v for p in parts for k, v in p.memory.items()},
             verifier_memory={k: v for p in parts for k, v in p.verifier_memory.items()},
@@ -198,6 +204,7 @@ class RolloutSummary:
             M.ROLLOUT_COMPLETIONS: len(self.lengths),
             M.ROLLOUT_TOKENS_PER_S: self.num_tokens / max(self.gen_time_s, 1e-9),
             M.ROLLOUT_LENT_SHARE: self.lent_share,
+            M.WEIGHT_LOAD_S: self.load_s,
             M.ROLLOUT_VERSION: self.version,
             M.ROLLOUT_SKIPPED: len(self.skipped),
             M.REWARD_ERRORS: len(errors),

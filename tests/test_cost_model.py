@@ -21,12 +21,14 @@ def test_amdahl_reproduces_the_two_thread_measurement_and_its_limits():
 
 
 def test_a_step_is_the_slower_of_rollout_and_learner_plus_sync():
-    pr = predict(CAL, Layout(cores=2, workers=1, worker_threads=1, learner_threads=1), WIDE)
+    pr = predict(CAL, Layout(cores=2, workers=1, worker_threads=1, learner_threads=1,
+                             share=False), WIDE)
     assert pr.rollout_s == pytest.approx(100 * (0.05 + 0.016))  # 6.6 s
     assert pr.learner_s == pytest.approx(4.0)
     assert pr.step_s == pytest.approx(6.6 + 0.5)
     assert pr.completions == 16 and pr.completions_per_s == pytest.approx(16 / 7.1)
-    slow = predict(Calibration(**{**CAL.__dict__, "learner_s": 9.0}), Layout(2, 1, 1, 1), WIDE)
+    slow = predict(Calibration(**{**CAL.__dict__, "learner_s": 9.0}),
+                   Layout(2, 1, 1, 1, share=False), WIDE)
     assert slow.step_s == pytest.approx(9.0 + 0.5)  # learner-bound
 
 
@@ -37,17 +39,47 @@ def test_the_boxs_bandwidth_floors_every_decode_step():
 
 
 def test_more_threads_than_cores_stretch_the_step():
-    alone = predict(CAL, Layout(cores=3, workers=1, worker_threads=2, learner_threads=1), WIDE)
-    shared = predict(CAL, Layout(cores=2, workers=1, worker_threads=2, learner_threads=1), WIDE)
+    alone = predict(CAL, Layout(cores=3, workers=1, worker_threads=2, learner_threads=1,
+                                share=False), WIDE)
+    shared = predict(CAL, Layout(cores=2, workers=1, worker_threads=2, learner_threads=1,
+                                 share=False), WIDE)
     assert shared.step_s - 0.5 == pytest.approx(1.5 * (alone.step_s - 0.5))
 
 
 def test_other_boxes_add_workers_and_a_network_hop():
-    one = predict(CAL, Layout(cores=4, workers=2, worker_threads=1, learner_threads=2), WIDE)
-    three = predict(CAL, Layout(4, 2, 1, 2, nodes=3), WIDE, network_gb_s=0.01)
+    one = predict(CAL, Layout(cores=4, workers=2, worker_threads=1, learner_threads=2,
+                              share=False), WIDE)
+    three = predict(CAL, Layout(4, 2, 1, 2, nodes=3, share=False), WIDE, network_gb_s=0.01)
     assert three.completions == (2 + 2 * 4) * 16
     assert three.learner_s == pytest.approx(one.learner_s * 10 / 2)  # 10 workers' rows vs 2
     assert three.step_s == pytest.approx(max(three.rollout_s, three.learner_s) + 0.5 + 2.0)
+
+
+def test_sharing_runs_the_rest_of_the_slower_role_on_the_idle_roles_cores():
+    lay = Layout(cores=2, workers=1, worker_threads=1, learner_threads=1)
+    rollout_bound = predict(CAL, lay, WIDE)  # rollout 6.6 s, learner 4.0 s
+    step_2 = (0.05 + 0.016) / 1.25  # the worker's decode step on 2 threads
+    assert rollout_bound.rollout_s == pytest.approx(4.0 + 100 * step_2 * (6.6 - 4.0) / 6.6)
+    assert rollout_bound.learner_s == pytest.approx(4.0)
+    assert rollout_bound.step_s == pytest.approx(rollout_bound.rollout_s + 0.5)
+    slow = Calibration(**{**CAL.__dict__, "learner_s": 9.0})
+    learner_bound = predict(slow, lay, WIDE)
+    assert learner_bound.learner_s == pytest.approx(6.6 + (9.0 - 6.6) / 1.6)
+    assert learner_bound.rollout_s == pytest.approx(6.6)
+    # a box's bandwidth floors the borrowed decode step too: nothing to gain there
+    floored = predict(CAL, lay, box_bandwidth_gb_s=0.5 / 0.066)
+    assert floored.rollout_s == pytest.approx(6.6)
+
+
+def test_workers_on_other_boxes_borrow_no_cores():
+    lay = Layout(cores=4, workers=2, worker_threads=1, learner_threads=2, nodes=2)
+    fast = Calibration(**{**CAL.__dict__, "learner_s": 0.1})  # rollout-bound
+    assert predict(fast, lay, WIDE).rollout_s == pytest.approx(6.6)
+    slow = Calibration(**{**CAL.__dict__, "learner_s": 9.0})  # learner-bound: borrows 2 cores
+    no_share = predict(slow, Layout(4, 2, 1, 2, nodes=2, share=False), WIDE)
+    with_share = predict(slow, lay, WIDE)
+    speedup = amdahl(1.6, 4) / amdahl(1.6, 2)
+    assert with_share.learner_s == pytest.approx(6.6 + (no_share.learner_s - 6.6) / speedup)
 
 
 def test_best_layouts_use_every_core_once_and_come_fastest_first():
@@ -65,14 +97,15 @@ def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
     from tools.cost_model import run_layout
 
     rollout = {"num_workers": 2, "threads_per_worker": 1, "learner_threads": 1,
-               "prompts_per_step": 3, "group_size": 8}
+               "prompts_per_step": 3, "group_size": 8, "share_cores": True}
     (tmp_path / "config.json").write_text(json.dumps({"rollout": rollout}))
     steps = [99.0, 50.0, 7.0, 6.0, 8.0]  # two warm-up steps, then 6-8 s
     (tmp_path / "metrics.jsonl").write_text("".join(
-        json.dumps({"time/step_s": s, "time/rollout_s": s - 1}) + "\n" for s in steps))
-    lay, step_s, rollout_s = run_layout(str(tmp_path), cores=2)
-    assert lay == Layout(2, 2, 1, 1, rows=12)
-    assert (step_s, rollout_s) == (7.0, 6.0)
+        json.dumps({"time/step_s": s, "time/rollout_s": s - 1, "time/learner_s": s - 2}) + "\n"
+        for s in steps))
+    lay, got = run_layout(str(tmp_path), cores=2)
+    assert lay == Layout(2, 2, 1, 1, rows=12, share=True)
+    assert got == {"step": 7.0, "rollout": 6.0, "learner": 5.0}
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"time/step_s": 1.0}) + "\n")
     with pytest.raises(ValueError, match="fewer than 3 steps"):
         run_layout(str(tmp_path), cores=2)

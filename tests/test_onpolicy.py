@@ -183,6 +183,7 @@ def test_bf16_worker_keeps_the_head_fp32_and_the_adapter_unmerged(hostile_qwen2)
     assert worker.model.model.embed_tokens.weight.dtype == torch.bfloat16
     worker.set_weights(payload, learner.version)
     batch = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=1)))
+    assert batch.load_s > 0 and worker.load_s == 0.0  # reported with this call, then reset
     want = learner_logprobs(learner, batch)
     diff = np.concatenate([np.abs(np.asarray(b) - w) for b, w in zip(batch.logprobs, want)])
     assert diff.mean() < 5e-3, diff.mean()

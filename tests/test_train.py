@@ -39,6 +39,10 @@ def test_tiny_run_end_to_end(run_tiny, tmp_path, staleness):
     # Rollout k was generated with version max(0, k - staleness).
     assert [r["rollout/version"] for r in rows] == [max(0, k - staleness) for k in range(4)]
     assert [r["policy/staleness"] for r in rows] == [k - max(0, k - staleness) for k in range(4)]
+    # a step whose rollout used pushed weights reports the worker's load of them; step 0's
+    # rollout (version 0, the weights the worker started with) loaded none
+    loads = [r["time/weight_load_s"] for r in rows]
+    assert loads[0] == 0.0 and all(x > 0 for x in loads[1 + staleness:]), loads
     if staleness == 0:  # same weights on both sides: the engines' numerical mismatch alone
         assert all(r["policy/logp_diff"] < 1e-3 for r in rows), [r["policy/logp_diff"]
                                                                    for r in rows]
@@ -110,6 +114,21 @@ def _rollout(lengths, reasons, rewards):
         correct=np.zeros(n, np.float32), format_score=np.zeros(n, np.float32),
         rewards=np.asarray(rewards, np.float32), reward_errors=[None] * n, version=3,
         num_prompts=n // 4)
+
+
+def test_shares_join_with_the_slowest_times_and_offset_prompts():
+    from dataclasses import replace
+
+    from common.types import RolloutSummary
+
+    a = replace(_rollout([3, 4, 5, 6], ["stop"] * 4, [1, 0, 1, 0]), gen_time_s=2.0,
+                load_s=0.5, lent_share=1.0, worker="rollout-0").summary()
+    b = replace(_rollout([2, 2, 2, 2], ["stop"] * 4, [0, 0, 1, 1]), gen_time_s=3.0,
+                load_s=0.25, lent_share=0.0, worker="rollout-1").summary()
+    both = RolloutSummary.concat([a, b])
+    assert (both.gen_time_s, both.load_s, both.lent_share) == (3.0, 0.5, 0.5)
+    assert both.prompt_index == [0, 0, 0, 0, 1, 1, 1, 1] and both.num_prompts == 2
+    assert both.metrics()["time/weight_load_s"] == 0.5 and both.worker == "rollout-0,rollout-1"
 
 
 @pytest.mark.parametrize("rule", ["keep", "mask", "soft_penalty"])

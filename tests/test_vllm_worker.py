@@ -168,12 +168,15 @@ def test_lora_update_changes_policy_and_matches_hf_merge(mode, request, hf, mode
     assert worker.ping()["version"] == version
     after = worker.generate(RolloutCall(PROMPTS, 1, GREEDY))
     assert after.version == version
+    assert after.load_s > 0  # the load before this call, reported once: the next call has none
+    assert after.summary().metrics()["time/weight_load_s"] == after.load_s
     assert after.completion_ids != before.completion_ids
     # the adapter vLLM serves is W0 + scale * B @ A, as the HF worker merges it
     hf_load(hf, payload)
     lps, _ = hf_stats(hf, after, temperature=1.0)  # greedy: log-probs at temperature 1
     assert max_diff(after.logprobs, lps) < ATOL
     sampled = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=5, temperature=0.7)))
+    assert sampled.load_s == 0.0
     lps, _ = hf_stats(hf, sampled, temperature=0.7)
     assert max_diff(sampled.logprobs, lps) < ATOL
     # a second version replaces the first (merge: starts again from W0, not the last merge)

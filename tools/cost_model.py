@@ -18,6 +18,10 @@ The model (every assumption is a line of `ASSUMPTIONS`, printed with the table):
 * the learner's step grows in proportion to the completions it trains;
 * at staleness 1 a step costs max(rollout, learner) + sync (a push and its load); more threads
   than cores stretch the step by threads / cores;
+* core sharing (`rollout.share_cores`, on by default): once the faster role is done, the slower
+  one runs the rest of its work on its own threads plus the idle role's (the learner takes every
+  worker's of its box; a worker takes its share of the learner's, none for a worker on another
+  box), sped up by Amdahl's law as above;
 * on N boxes the learner runs on one, rollout workers on the rest of its cores and on every
   core of the others, and each push crosses the network (adapter bytes / network bandwidth) on
   top of the local sync.
@@ -38,6 +42,8 @@ ASSUMPTIONS = (
     "learner step proportional to the completions it trains",
     "step = max(rollout, learner) + sync (staleness 1); threads > cores stretch it by "
     "threads / cores",
+    "core sharing: the rest of the slower role's work runs on its threads plus the idle role's "
+    "(workers on other boxes borrow none)",
     "N boxes: the learner on one, workers on all its other cores and on every core of the "
     "others; each push also crosses the network",
 )
@@ -84,6 +90,8 @@ class Layout:
     rows: int = 16
     """rows (completions) each worker decodes per step"""
     nodes: int = 1
+    share: bool = True
+    """core sharing between the learner and the workers of its box (`rollout.share_cores`)"""
 
 
 @dataclass(frozen=True)
@@ -101,18 +109,37 @@ def amdahl(speedup_2: float, threads: int) -> float:
     return 1.0 / ((1.0 - p) + p / threads)
 
 
+def decode_step(cal: Calibration, rows: int, threads: int, floor_s: float) -> float:
+    """One decode step of `rows` rows at `threads` threads, at least `floor_s` (the box's
+    bandwidth)."""
+    return max((cal.decode_a_s + cal.decode_b_s * rows)
+               / amdahl(cal.rollout_speedup_2, threads), floor_s)
+
+
+def shared(first_s: float, last_s: float, speedup: float) -> float:
+    """Time of the slower role (`last_s` on its own threads) when the rest of its work after
+    the faster role's `first_s` runs `speedup` times faster."""
+    return first_s + (last_s - first_s) / speedup
+
+
 def predict(cal: Calibration, lay: Layout, box_bandwidth_gb_s: float,
             network_gb_s: float = 1.25) -> Prediction:
     """Seconds per step and completions/s of `lay` (see the module docstring)."""
-    step = (cal.decode_a_s + cal.decode_b_s * lay.rows) / amdahl(cal.rollout_speedup_2,
-                                                                 lay.worker_threads)
     others = lay.cores // lay.worker_threads if lay.nodes > 1 else 0  # workers per other box
-    per_box = max(lay.workers, others)
-    step = max(step, per_box * cal.weights_gb / box_bandwidth_gb_s)  # the box's bandwidth
+    floor = max(lay.workers, others) * cal.weights_gb / box_bandwidth_gb_s  # the box's bandwidth
+    step = decode_step(cal, lay.rows, lay.worker_threads, floor)
     rollout = cal.call_steps * step
     completions = (lay.workers + (lay.nodes - 1) * others) * lay.rows
     learner = (cal.learner_s * completions / cal.completions
                / amdahl(cal.learner_speedup_2, lay.learner_threads))
+    if lay.share and learner < rollout and lay.nodes == 1:  # workers borrow the learner's cores
+        lent = lay.learner_threads // lay.workers  # the smallest share sets the call's end
+        faster = decode_step(cal, lay.rows, lay.worker_threads + lent, floor)
+        rollout = shared(learner, rollout, step / faster)
+    elif lay.share and rollout < learner:  # the learner borrows its box's idle workers' cores
+        own = amdahl(cal.learner_speedup_2, lay.learner_threads)
+        more = amdahl(cal.learner_speedup_2, lay.learner_threads + lay.workers * lay.worker_threads)
+        learner = shared(rollout, learner, more / own)
     threads = lay.workers * lay.worker_threads + lay.learner_threads
     stretch = max(1.0, threads / lay.cores)
     sync = cal.sync_s + (cal.adapter_mb / 1e3 / network_gb_s if lay.nodes > 1 else 0.0)
@@ -138,19 +165,21 @@ def best_layouts(cal: Calibration, cores: int, box_bandwidth_gb_s: float, nodes:
     return found[:top]
 
 
-def run_layout(run_dir: str, cores: int) -> tuple[Layout, float, float]:
-    """(layout, median s/step, median rollout call s) of a `launch.train` run, warm-up steps
-    (the first two) left out."""
+def run_layout(run_dir: str, cores: int) -> tuple[Layout, dict[str, float]]:
+    """(layout, medians of its step, rollout call and learner seconds) of a `launch.train` run,
+    warm-up steps (the first two) left out."""
     with open(os.path.join(run_dir, "config.json")) as f:
         r = json.load(f)["rollout"]
     rows = -(-r["prompts_per_step"] * r["group_size"] // r["num_workers"])
-    lay = Layout(cores, r["num_workers"], r["threads_per_worker"], r["learner_threads"], rows)
+    lay = Layout(cores, r["num_workers"], r["threads_per_worker"], r["learner_threads"], rows,
+                 share=r.get("share_cores", False))
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [json.loads(line) for line in f if line.strip()][2:]
     if not steps:
         raise ValueError(f"{run_dir}: fewer than 3 steps in metrics.jsonl")
-    return (lay, statistics.median(x["time/step_s"] for x in steps),
-            statistics.median(x["time/rollout_s"] for x in steps))
+    got = {k: [x[f"time/{k}_s"] for x in steps if f"time/{k}_s" in x]
+           for k in ("step", "rollout", "learner")}
+    return lay, {k: statistics.median(v) if v else float("nan") for k, v in got.items()}
 
 
 def describe(lay: Layout) -> str:
@@ -158,7 +187,7 @@ def describe(lay: Layout) -> str:
               if lay.nodes > 1 else "")
     return (f"{lay.nodes} x {lay.cores} cores: learner {lay.learner_threads} thread(s), "
             f"{lay.workers} worker(s){others} x {lay.worker_threads} thread(s), "
-            f"{lay.rows} rows each")
+            f"{lay.rows} rows each{', sharing cores' if lay.share else ''}")
 
 
 def main(argv=None) -> int:
@@ -185,12 +214,12 @@ def main(argv=None) -> int:
     if args.check:
         cores = len(os.sched_getaffinity(0))
         for run_dir in args.check:
-            lay, step_s, rollout_s = run_layout(run_dir, cores)
+            lay, got = run_layout(run_dir, cores)
             pr = predict(cal, lay, args.bandwidth)
-            print(f"{describe(lay)}: predicted {pr.step_s:.2f} s/step (rollout "
+            print(f"{run_dir}: {describe(lay)}: predicted {pr.step_s:.2f} s/step (rollout "
                   f"{pr.rollout_s:.2f} s, learner {pr.learner_s:.2f} s), measured "
-                  f"{step_s:.2f} s/step (rollout {rollout_s:.2f} s): "
-                  f"{pr.step_s / step_s - 1:+.0%}")
+                  f"{got['step']:.2f} s/step (rollout {got['rollout']:.2f} s, learner "
+                  f"{got['learner']:.2f} s): {pr.step_s / got['step'] - 1:+.0%}")
         return 0
     for n in args.nodes:
         lay, pr = best_layouts(cal, args.cores, args.box_bandwidth, n, args.network, top=1)[0]
