@@ -6,7 +6,7 @@ from tools.cost_model import Calibration, Layout, amdahl, best_layouts, predict
 
 CAL = Calibration(decode_a_s=0.05, decode_b_s=0.001, call_steps=100.0, rollout_speedup_2=1.25,
                   learner_s=4.0, learner_speedup_2=1.6, completions=16, sync_s=0.5,
-                  weights_gb=0.5, adapter_mb=20.0)
+                  weights_gb=0.5, adapter_mb=20.0, load_s=0.0)
 WIDE = 1e9  # GB/s: bandwidth that never binds
 
 
@@ -71,6 +71,20 @@ def test_sharing_runs_the_rest_of_the_slower_role_on_the_idle_roles_cores():
     assert floored.rollout_s == pytest.approx(6.6)
 
 
+def test_a_workers_weight_load_lengthens_its_cycle_and_is_hidden_behind_a_long_update():
+    loaded = Calibration(**{**CAL.__dict__, "load_s": 1.0})
+    alone = Layout(cores=2, workers=1, worker_threads=1, learner_threads=1, share=False)
+    assert predict(loaded, alone, WIDE).step_s == pytest.approx(1.0 + 6.6 + 0.5)
+    slow = Calibration(**{**loaded.__dict__, "learner_s": 9.0})
+    assert predict(slow, alone, WIDE).step_s == pytest.approx(9.0 + 0.5)  # load hidden
+    # sharing: the worker decodes on its own core until the update (which began with its load)
+    # ends, then on both
+    shared = predict(loaded, Layout(2, 1, 1, 1), WIDE)
+    step_2 = (0.05 + 0.016) / 1.25
+    assert shared.rollout_s == pytest.approx(3.0 + 100 * step_2 * (6.6 - 3.0) / 6.6)
+    assert shared.step_s == pytest.approx(1.0 + shared.rollout_s + 0.5)
+
+
 def test_workers_on_other_boxes_borrow_no_cores():
     lay = Layout(cores=4, workers=2, worker_threads=1, learner_threads=2, nodes=2)
     fast = Calibration(**{**CAL.__dict__, "learner_s": 0.1})  # rollout-bound
@@ -101,11 +115,11 @@ def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"rollout": rollout}))
     steps = [99.0, 50.0, 7.0, 6.0, 8.0]  # two warm-up steps, then 6-8 s
     (tmp_path / "metrics.jsonl").write_text("".join(
-        json.dumps({"time/step_s": s, "time/rollout_s": s - 1, "time/learner_s": s - 2}) + "\n"
-        for s in steps))
+        json.dumps({"time/step_s": s, "time/rollout_s": s - 1, "time/learner_s": s - 2,
+                    **({"time/weight_load_s": s / 10} if s < 50 else {})}) + "\n" for s in steps))
     lay, got = run_layout(str(tmp_path), cores=2)
     assert lay == Layout(2, 2, 1, 1, rows=12, share=True)
-    assert got == {"step": 7.0, "rollout": 6.0, "learner": 5.0}
+    assert got == {"step": 7.0, "rollout": 6.0, "learner": 5.0, "weight_load": 0.7}
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"time/step_s": 1.0}) + "\n")
     with pytest.raises(ValueError, match="fewer than 3 steps"):
         run_layout(str(tmp_path), cores=2)
@@ -117,3 +131,7 @@ def test_a_non_positive_figure_is_a_one_line_error(capsys):
     with pytest.raises(SystemExit):
         main(["--learner-speedup-2", "0"])
     assert "--learner-speedup-2 must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--load-s", "-1"])
+    assert "--load-s must be > 0 or 0" in capsys.readouterr().err
+    assert main(["--load-s", "0", "--nodes", "1"]) == 0  # nothing to load: allowed

@@ -33,6 +33,20 @@ def test_every_row_runs_the_fixed_length_and_the_figures_agree(hf_tiny):
     assert row["decode_tok_s"] == pytest.approx(8 / (row["step_ms"] / 1e3))
     assert row["bound_tok_s"] < 8 * 10e9 / 10**6  # the KV bytes take some of it
     assert row["of_bound"] == pytest.approx(row["decode_tok_s"] / row["bound_tok_s"])
+    assert row["bound_tok_s"] == row["memory_bound_tok_s"]  # no compute roof given
+    # a compute roof below the memory bound is the bound
+    (low,) = profile(hf_tiny, [8], new_tokens=4, repeats=1, bandwidth=10e9, weights=10**6,
+                     kv_per_token=100.0, name="hf", compute_tok_s=5.0)
+    assert low["bound_tok_s"] == 5.0 < low["memory_bound_tok_s"]
+    assert low["of_bound"] == pytest.approx(low["decode_tok_s"] / 5.0)
+
+
+def test_the_compute_roof_is_two_flops_per_weight_per_token():
+    from tools.roofline import compute_bound, gemm_rate
+
+    assert compute_bound(2e9, 10**6) == pytest.approx(1000.0)
+    rate = gemm_rate(1, n=128, repeats=2)
+    assert 1e6 < rate < 1e14  # FLOP/s of a real product on this machine, whatever it is
 
 
 def test_a_row_that_stops_early_is_an_error():

@@ -16,8 +16,9 @@ The model (every assumption is a line of `ASSUMPTIONS`, printed with the table):
 * each decode step reads the weights once; all workers of a box together read no faster than
   the box's bandwidth (a decode step is at least workers x weight bytes / bandwidth);
 * the learner's step grows in proportion to the completions it trains;
-* at staleness 1 a step costs max(rollout, learner) + sync (a push and its load); more threads
-  than cores stretch the step by threads / cores;
+* a worker loads each pushed version between two calls: its cycle is load + rollout call;
+* at staleness 1 a step costs max(load + rollout, learner) + sync (the export and the driver);
+  more threads than cores stretch the step by threads / cores;
 * core sharing (`rollout.share_cores`, on by default): once the faster role is done, the slower
   one runs the rest of its work on its own threads plus the idle role's (the learner takes every
   worker's of its box; a worker takes its share of the learner's, none for a worker on another
@@ -40,8 +41,8 @@ ASSUMPTIONS = (
     "threads: Amdahl's law, parallel fraction fitted to the 1- and 2-thread measurements",
     "all workers of a box read the weights once per decode step, within the box's bandwidth",
     "learner step proportional to the completions it trains",
-    "step = max(rollout, learner) + sync (staleness 1); threads > cores stretch it by "
-    "threads / cores",
+    "a worker's cycle = weight load + rollout call; step = max(load + rollout, learner) + sync "
+    "(staleness 1); threads > cores stretch it by threads / cores",
     "core sharing: the rest of the slower role's work runs on its threads plus the idle role's "
     "(workers on other boxes borrow none)",
     "N boxes: the learner on one, workers on all its other cores and on every core of the "
@@ -49,30 +50,41 @@ ASSUMPTIONS = (
 )
 
 
+MAY_BE_ZERO = ("load_s", "sync_s")
+"""calibration figures that may be 0 (nothing to load, no overhead); the others must be > 0"""
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Figures measured on one box. The defaults: 2 vCPUs of a Sapphire Rapids host, fp32,
-    SmolLM2-135M, cpu-demo with the vLLM engine (run a: `launch.train --preset cpu-demo
-    --rollout.engine vllm`, 1 worker x 1 thread + learner 1 thread; README, "Scaling")."""
+    """Figures measured on one box. The defaults: 2 vCPUs of an AMD EPYC (Zen 4) host, fp32,
+    SmolLM2-135M, cpu-demo (vLLM rollouts, packed learner forward) with core sharing off (run
+    a-noshare: `launch.train --preset cpu-demo --rollout.share_cores false`, 1 worker x 1
+    thread + learner 1 thread; README, "Scaling"), medians of steps 3-14."""
 
-    decode_a_s: float = 0.0553
-    """decode step at 1 thread, fixed part (s): `tools.decode_profile`, vLLM, B = 8 and 32"""
-    decode_b_s: float = 0.00317
+    decode_a_s: float = 0.0379
+    """decode step at 1 thread, fixed part (s): `tools.decode_profile --engines vllm --batches
+    8 16 32`, the line through B = 8 (68.9 ms) and 32 (162.1 ms)"""
+    decode_b_s: float = 0.00388
     """decode step at 1 thread, per row (s)"""
-    call_steps: float = 52.2
+    call_steps: float = 59.9
     """decode steps a rollout call costs (its longest completion + prefill + verification):
-    run a's median rollout call (5.53 s, 16 rows, 40 new tokens at most) / step(16)"""
-    rollout_speedup_2: float = 1.64
-    """decode step at 1 thread / at 2 threads (`tools.decode_profile --threads 2`, B = 16)"""
-    learner_s: float = 5.71
-    """learner step at 1 thread for `completions` completions (s): run a's median"""
+    run a-noshare's median rollout call (5.99 s, 16 rows, 40 new tokens at most) / step(16)"""
+    rollout_speedup_2: float = 1.56
+    """decode step at 1 thread / at 2 threads (`tools.decode_profile --threads 2`, B = 16:
+    95.8 / 61.4 ms)"""
+    learner_s: float = 5.29
+    """learner step at 1 thread for `completions` completions (s): run a-noshare's median"""
     learner_speedup_2: float = 1.40
-    """learner step at 1 thread / at 2 threads (`tools.bench_learner`: 5.64 / 4.03 s)"""
+    """learner step at 1 thread / at 2 threads (`tools.bench_learner --micro-batch 8`: 6.99 /
+    4.99 s)"""
     completions: int = 16
     """completions per step of the learner figure"""
-    sync_s: float = 0.41
-    """per step beyond max(rollout, learner) (s): the push, the driver and Ray; run a's median
-    step (6.12 s) - max(5.53, 5.71)"""
+    load_s: float = 0.55
+    """a worker's weight load per pushed version (s), between two of its rollout calls: run
+    a-noshare's median `time/weight_load_s`"""
+    sync_s: float = 0.29
+    """per step beyond max(load + rollout, learner) (s): the export, the driver and Ray; run
+    a-noshare's median step (6.83 s) - max(0.55 + 5.99, 5.29)"""
     weights_gb: float = 0.54
     """weight bytes one decode step reads (GB)"""
     adapter_mb: float = 19.5
@@ -132,18 +144,19 @@ def predict(cal: Calibration, lay: Layout, box_bandwidth_gb_s: float,
     completions = (lay.workers + (lay.nodes - 1) * others) * lay.rows
     learner = (cal.learner_s * completions / cal.completions
                / amdahl(cal.learner_speedup_2, lay.learner_threads))
-    if lay.share and learner < rollout and lay.nodes == 1:  # workers borrow the learner's cores
+    cycle = cal.load_s + rollout  # the update starts as the worker starts loading its weights
+    if lay.share and learner < cycle and lay.nodes == 1:  # workers borrow the learner's cores
         lent = lay.learner_threads // lay.workers  # the smallest share sets the call's end
         faster = decode_step(cal, lay.rows, lay.worker_threads + lent, floor)
-        rollout = shared(learner, rollout, step / faster)
-    elif lay.share and rollout < learner:  # the learner borrows its box's idle workers' cores
+        rollout = shared(max(learner - cal.load_s, 0.0), rollout, step / faster)
+    elif lay.share and cycle < learner:  # the learner borrows its box's idle workers' cores
         own = amdahl(cal.learner_speedup_2, lay.learner_threads)
         more = amdahl(cal.learner_speedup_2, lay.learner_threads + lay.workers * lay.worker_threads)
-        learner = shared(rollout, learner, more / own)
+        learner = shared(cycle, learner, more / own)
     threads = lay.workers * lay.worker_threads + lay.learner_threads
     stretch = max(1.0, threads / lay.cores)
     sync = cal.sync_s + (cal.adapter_mb / 1e3 / network_gb_s if lay.nodes > 1 else 0.0)
-    step_s = max(rollout, learner) * stretch + sync
+    step_s = max(rollout + cal.load_s, learner) * stretch + sync
     return Prediction(step_s, rollout * stretch, learner * stretch, completions,
                       completions / step_s)
 
@@ -166,8 +179,9 @@ def best_layouts(cal: Calibration, cores: int, box_bandwidth_gb_s: float, nodes:
 
 
 def run_layout(run_dir: str, cores: int) -> tuple[Layout, dict[str, float]]:
-    """(layout, medians of its step, rollout call and learner seconds) of a `launch.train` run,
-    warm-up steps (the first two) left out."""
+    """(layout, medians of its step, rollout call, learner and weight load seconds; NaN where
+    the run did not record one) of a `launch.train` run, warm-up steps (the first two) left
+    out."""
     with open(os.path.join(run_dir, "config.json")) as f:
         r = json.load(f)["rollout"]
     rows = -(-r["prompts_per_step"] * r["group_size"] // r["num_workers"])
@@ -178,7 +192,7 @@ def run_layout(run_dir: str, cores: int) -> tuple[Layout, dict[str, float]]:
     if not steps:
         raise ValueError(f"{run_dir}: fewer than 3 steps in metrics.jsonl")
     got = {k: [x[f"time/{k}_s"] for x in steps if f"time/{k}_s" in x]
-           for k in ("step", "rollout", "learner")}
+           for k in ("step", "rollout", "learner", "weight_load")}
     return lay, {k: statistics.median(v) if v else float("nan") for k, v in got.items()}
 
 
@@ -199,16 +213,18 @@ def main(argv=None) -> int:
     p.add_argument("--network", type=float, default=1.25, help="GB/s between boxes (10 GbE)")
     p.add_argument("--check", nargs="+", default=[], metavar="RUN_DIR",
                    help="launch.train runs on this box: predicted vs measured s/step")
-    p.add_argument("--bandwidth", type=float, default=28.0,
+    p.add_argument("--bandwidth", type=float, default=32.8,
                    help="--check: GB/s this box reads on all its cores (tools.roofline)")
     for f in Calibration.__dataclass_fields__.values():
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     args = p.parse_args(argv)
     if args.cores < 2 or min(args.nodes) < 1 or args.box_bandwidth <= 0:
         p.error("--cores must be >= 2, --nodes >= 1 and --box-bandwidth > 0")
-    bad = [f for f in Calibration.__dataclass_fields__ if getattr(args, f) <= 0]
+    bad = [f for f in Calibration.__dataclass_fields__
+           if getattr(args, f) < 0 or (getattr(args, f) == 0 and f not in MAY_BE_ZERO)]
     if bad:
-        p.error(f"--{bad[0].replace('_', '-')} must be > 0")
+        p.error(f"--{bad[0].replace('_', '-')} must be > 0"
+                + (" or 0" if bad[0] in MAY_BE_ZERO else ""))
     cal = Calibration(**{f: getattr(args, f) for f in Calibration.__dataclass_fields__})
     print("assumptions:\n" + "\n".join(f"  - {a}" for a in ASSUMPTIONS))
     if args.check:
@@ -219,7 +235,8 @@ def main(argv=None) -> int:
             print(f"{run_dir}: {describe(lay)}: predicted {pr.step_s:.2f} s/step (rollout "
                   f"{pr.rollout_s:.2f} s, learner {pr.learner_s:.2f} s), measured "
                   f"{got['step']:.2f} s/step (rollout {got['rollout']:.2f} s, learner "
-                  f"{got['learner']:.2f} s): {pr.step_s / got['step'] - 1:+.0%}")
+                  f"{got['learner']:.2f} s, load {got['weight_load']:.2f} s): "
+                  f"{pr.step_s / got['step'] - 1:+.0%}")
         return 0
     for n in args.nodes:
         lay, pr = best_layouts(cal, args.cores, args.box_bandwidth, n, args.network, top=1)[0]

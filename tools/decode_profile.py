@@ -1,4 +1,4 @@
-"""Decode speed per batch size against the memory-bandwidth bound (`tools.roofline`), per engine.
+"""Decode speed per batch size against the roofline bound (`tools.roofline`), per engine.
 
     python -m tools.decode_profile                        # vLLM and HF, B = 1 4 8 16 32, 1 thread
     python -m tools.decode_profile --engines hf --batches 16 --new-tokens 64 --json prof.json
@@ -6,8 +6,9 @@
 For each engine and batch size B, rows as a rollout call brings them (B/8 prompts x G=8; B < 8:
 B prompts x 1), every row generates exactly N new tokens (EOS ignored): once with N = 1 and once
 with N = --new-tokens. Per decode step = (t_N - t_1) / (N - 1), so prefill is out of it; decode
-tokens/s = B / step; the bound = B * bandwidth / (weight bytes + B * KV bytes at the mean
-context), bandwidth measured here on the engine's threads (`tools.roofline.read_bandwidth`).
+tokens/s = B / step; the bound is the lower of the memory bound, B * bandwidth / (weight bytes
++ B * KV bytes at the mean context), and the compute bound, GEMM FLOP/s / (2 * weights), both
+rates measured here on the engine's threads (`tools.roofline.read_bandwidth`, `gemm_rate`).
 The call's tokens/s (prefill included) is B * N / t_N. Sampling at temperature 1 with the behaviour
 log-probs each engine records for the learner (HF: `BehaviourRecorder`; vLLM: top-20
 log-probs), as a rollout does; fp32 (--dtype bf16: the weights in bf16), --threads threads
@@ -29,7 +30,7 @@ import torch
 from common.models import load_tokenizer, resolve_model
 from launch.presets import get_preset
 from rewards import format_prompt, make_task
-from tools.roofline import GB, decode_bound, decode_bytes, read_bandwidth
+from tools.roofline import GB, compute_bound, decode_bound, decode_bytes, gemm_rate, read_bandwidth
 
 GROUP = 8
 
@@ -121,19 +122,26 @@ def decode_step(runner, batch: int, new_tokens: int, repeats: int
 
 
 def profile(runner, batches: list[int], new_tokens: int, repeats: int, bandwidth: float,
-            weights: int, kv_per_token: float, name: str) -> list[dict]:
+            weights: int, kv_per_token: float, name: str,
+            compute_tok_s: float = float("inf")) -> list[dict]:
+    """One row per batch size; `weights` in bytes, `compute_tok_s` the compute bound (none by
+    default: the memory bound alone)."""
     rows = []
     for b in batches:
         step, t1, tn, prompts = decode_step(runner, b, new_tokens, repeats)
         context = sum(map(len, prompts)) / len(prompts) + new_tokens / 2
-        bound = decode_bound(b, bandwidth, weights, kv_per_token * context)
+        memory = decode_bound(b, bandwidth, weights, kv_per_token * context)
+        bound = min(memory, compute_tok_s)
         row = {"engine": name, "batch": b, "step_ms": 1e3 * step, "decode_tok_s": b / step,
-               "call_tok_s": b * new_tokens / tn, "bound_tok_s": bound,
+               "call_tok_s": b * new_tokens / tn, "memory_bound_tok_s": memory,
+               "compute_bound_tok_s": compute_tok_s, "bound_tok_s": bound,
                "of_bound": b / step / bound, "prefill_s": t1}
         rows.append(row)
+        roof = "memory" if memory <= compute_tok_s else "compute"
         print(f"{name:5s} B={b:3d}: decode step {row['step_ms']:6.1f} ms, "
               f"{row['decode_tok_s']:6.1f} tokens/s = {row['of_bound']:4.0%} of the bound "
-              f"({bound:.0f}); call with prefill {row['call_tok_s']:6.1f} tokens/s", flush=True)
+              f"({bound:.0f}, {roof}); call with prefill {row['call_tok_s']:6.1f} tokens/s",
+              flush=True)
     return rows
 
 
@@ -157,21 +165,24 @@ def main(argv=None) -> int:
     path = resolve_model(args.model)
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     weights, kv_100 = decode_bytes(path, dtype, 100)
-    bandwidth = read_bandwidth(args.threads)
-    print(f"{args.model} {args.dtype}: {weights / GB:.3f} GB of weights per decode step; read "
-          f"bandwidth, {args.threads} thread(s): {bandwidth / GB:.1f} GB/s; {args.new_tokens} "
-          f"new tokens a row", flush=True)
+    bandwidth, flop_rate = read_bandwidth(args.threads), gemm_rate(args.threads, dtype=dtype)
+    compute_tok_s = compute_bound(flop_rate, weights // (torch.finfo(dtype).bits // 8))
+    print(f"{args.model} {args.dtype}: {weights / GB:.3f} GB of weights per decode step; "
+          f"{args.threads} thread(s): read bandwidth {bandwidth / GB:.1f} GB/s, GEMM "
+          f"{flop_rate / 1e9:.0f} GFLOP/s (compute bound {compute_tok_s:.0f} tokens/s at any B); "
+          f"{args.new_tokens} new tokens a row", flush=True)
     rows = []
     for name in engines:  # vLLM first: it binds this process's OpenMP threads at start
         runner = (VLLMRunner(path, 512, args.threads, dtype) if name == "vllm"
                   else HFEngine(path, args.threads, dtype))
         rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
-                        weights, kv_100 / 100, name)
+                        weights, kv_100 / 100, name, compute_tok_s)
         del runner
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "dtype": args.dtype,
-                       "bandwidth_gb_s": bandwidth / GB, "weights_gb": weights / GB,
+                       "bandwidth_gb_s": bandwidth / GB, "gemm_gflop_s": flop_rate / 1e9,
+                       "weights_gb": weights / GB,
                        "new_tokens": args.new_tokens, "cpu_count": os.cpu_count(),
                        "rows": rows}, f, indent=2)
     return 0

@@ -1,12 +1,15 @@
-"""Memory-bandwidth bound on decode tokens/s for the cpu-demo model on this machine.
+"""Roofline bound on decode tokens/s for the cpu-demo model on this machine: memory and compute.
 
     python -m tools.roofline                   # measure bandwidth, print the bound at B = 1, 16
     python -m tools.roofline --measured 30.5 --batch 16   # also: the fraction a run reached
 
 Decoding one token for each of B sequences reads every weight once (B shares the read) plus the
-KV cache of all B sequences, so tokens/s <= B * bandwidth / (weight bytes + B * KV bytes). The
-bandwidth is measured, not looked up: the best of several streaming reads (a sum over a tensor
-much larger than the caches) with 1 thread and with all threads.
+KV cache of all B sequences, so tokens/s <= B * bandwidth / (weight bytes + B * KV bytes). Each
+token also costs 2 FLOPs per weight of a matrix product (attention over the context adds ~3% at
+100 tokens, left out), so tokens/s <= GEMM FLOP/s / (2 * weights). The bound is the lower of the
+two: at a few rows the weight reads bind, at many the arithmetic. Both rates are measured, not
+looked up: the best of several streaming reads (a sum over a tensor much larger than the
+caches), and the best of several fp32 1024^3 GEMMs, with 1 thread and with all threads.
 """
 
 from __future__ import annotations
@@ -33,6 +36,20 @@ def read_bandwidth(threads: int, nbytes: int = 2 * 2**30, repeats: int = 5) -> f
     return nbytes / best
 
 
+def gemm_rate(threads: int, n: int = 1024, repeats: int = 5,
+              dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of an n x n x n matrix product in `dtype` on `threads` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # first call: the library's set-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
 def decode_bytes(model_name: str, dtype: torch.dtype, context: int) -> tuple[int, int]:
     """(weight bytes read per decode step, KV-cache bytes per sequence at `context` tokens)."""
     model = load_model(resolve_model(model_name), dtype=dtype)
@@ -50,6 +67,12 @@ def decode_bound(batch: int, bandwidth: float, weight_bytes: float, kv_bytes: fl
     return batch * bandwidth / (weight_bytes + batch * kv_bytes)
 
 
+def compute_bound(flop_rate: float, weights: int) -> float:
+    """Tokens/s bound from the arithmetic: 2 FLOPs per weight per token at `flop_rate` FLOP/s
+    (`weights`: parameters in matrix products; whatever the batch)."""
+    return flop_rate / (2 * weights)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools.roofline", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or path")
@@ -63,11 +86,14 @@ def main(argv=None) -> int:
     print(f"{args.model} {args.dtype}: {weights / GB:.3f} GB of weights per decode step, "
           f"{kv / 1e6:.2f} MB KV cache per sequence at {args.context} tokens")
     threads = torch.get_num_threads()
+    size = torch.finfo(dtype).bits // 8
     for t in sorted({1, threads}):
-        bw = read_bandwidth(t)
-        print(f"read bandwidth, {t} thread(s): {bw / GB:.1f} GB/s")
+        bw, flops = read_bandwidth(t), gemm_rate(t, dtype=dtype)
+        roof = compute_bound(flops, weights // size)
+        print(f"read bandwidth, {t} thread(s): {bw / GB:.1f} GB/s; {args.dtype} GEMM "
+              f"{flops / 1e9:.0f} GFLOP/s: compute bound {roof:.0f} tokens/s")
         for b in sorted({1, args.batch}):
-            bound = decode_bound(b, bw, weights, kv)
+            bound = min(decode_bound(b, bw, weights, kv), roof)
             line = f"  bound at B={b}: {bound:.0f} tokens/s"
             if args.measured is not None and b == args.batch:
                 line += f"; measured {args.measured:.1f} = {args.measured / bound:.0%} of it"
