@@ -81,7 +81,8 @@ def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama
         cfg = Config()
         cfg.reward = RewardConfig(format_needs_working=needs_working)
         with VerifierPool() as pool:
-            worker = SimpleNamespace(tokenizer=tok, verifier=pool, cfg=cfg, version=0, name="w")
+            worker = SimpleNamespace(tokenizer=tok, verifier=pool, cfg=cfg, version=0, name="w",
+                                     load_s=0.0)
             batch = verified_batch(worker, prompts, [0], [[1, 2]], n, sampled, [], 0.0,
                                    (None, None))
         return batch
