@@ -24,16 +24,21 @@ from common.models import load_model, resolve_model
 GB = 1e9
 
 
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `fn`, seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def read_bandwidth(threads: int, nbytes: int = 2 * 2**30, repeats: int = 5) -> float:
     """Best streaming read rate in bytes/s: sum over an fp32 tensor of `nbytes`."""
     torch.set_num_threads(threads)
     x = torch.ones(nbytes // 4, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best
+    return nbytes / best_seconds(x.sum, repeats)
 
 
 def gemm_rate(threads: int, n: int = 1024, repeats: int = 5,
@@ -42,12 +47,7 @@ def gemm_rate(threads: int, n: int = 1024, repeats: int = 5,
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b  # first call: the library's set-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats)
 
 
 def decode_bytes(model_name: str, dtype: torch.dtype, context: int) -> tuple[int, int]:
