@@ -65,7 +65,6 @@ vLLM-compatible tiny model.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -94,7 +93,14 @@ from actors.vllm_setup import (
     write_peft_adapter,
 )
 from actors.weights import check_version
-from common.core_lease import LEARNER, Lease, flag_path, lease_key, set_torch_threads
+from common.core_lease import (
+    LEARNER,
+    Lease,
+    NoLease,
+    flag_path,
+    lease_key,
+    set_torch_threads,
+)
 from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
@@ -160,14 +166,14 @@ class VLLMRolloutWorker(RolloutWorker):
         self.verifier = VerifierPool()
         self.load_s = 0.0
 
-    def _lease(self) -> Lease | None:
+    def _lease(self) -> Lease | NoLease:
         """Core sharing with the learner of this node (common/core_lease.py): every decode
         batch size first runs on all the threads (oneDNN keeps the threading a GEMM shape first
         ran with), then this worker runs on its own cores, and on the learner's too while it
         waits; the learner borrows this worker's while it waits."""
         plan = self.threads
         if not plan.lent:
-            return None
+            return NoLease()
         r = self.cfg.rollout
         self.engine.warm_up(-(-r.prompts_per_step * r.group_size // r.num_workers)
                             * r.steps_per_call)
@@ -177,17 +183,12 @@ class VLLMRolloutWorker(RolloutWorker):
         self.engine.before_step = lease.before_step
         return lease
 
-    def _busy(self):
-        """The learner keeps off this worker's cores while it loads or generates."""
-        return self.lease.busy() if self.lease is not None else contextlib.nullcontext()
-
     # ---- weights -------------------------------------------------------------------------
     def set_weights(self, update: WeightUpdate, version: int, rollback: bool = False) -> int:
         """Load the learner's update for `version`; same checks as the HF worker."""
         check_version(self.name, update, version, self.version, rollback)
-        with self._busy():
-            if self.lease is not None:
-                self.lease.pick()  # a load runs beside the learner's update: own cores then
+        with self.lease.busy():  # the learner keeps off this worker's cores
+            self.lease.pick()  # a load runs beside the learner's update: own cores then
             return self._set_weights(update, version)
 
     def _set_weights(self, update: WeightUpdate, version: int) -> int:
@@ -306,7 +307,7 @@ class VLLMRolloutWorker(RolloutWorker):
         (up to float reassociation in the batched GEMMs). gen_time_s is the engine call's time
         split evenly over the calls.
         """
-        with self._busy():  # verification included: the learner keeps off this core
+        with self.lease.busy():  # verification included: the learner keeps off this core
             return self._generate_steps(calls)
 
     def _generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
@@ -323,7 +324,7 @@ class VLLMRolloutWorker(RolloutWorker):
             batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
                                           call.group_size, sampled, skipped, t0, memory))
         elapsed = time.perf_counter() - t0
-        lent = self.lease.stats() if self.lease is not None else {"steps": 0}
+        lent = self.lease.stats()
         share = lent["lent_steps"] / lent["steps"] if lent["steps"] else 0.0
         return [replace(b, gen_time_s=elapsed / len(batches), lent_share=share)
                 for b in batches]
@@ -363,8 +364,7 @@ class VLLMRolloutWorker(RolloutWorker):
         if self.adapter_root:
             shutil.rmtree(self.adapter_root, ignore_errors=True)
         self.verifier.close()
-        if self.lease is not None:
-            self.lease.close()
+        self.lease.close()
         engine = self.__dict__.pop("engine", None)
         if engine is not None:
             engine.shutdown()

@@ -192,3 +192,23 @@ class Lease:
         if remove and self.path:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
+
+
+class NoLease:
+    """A role that shares no cores (a GPU, `rollout.share_cores` off, no core to lend, no Ray
+    job): `Lease`'s methods, doing nothing, so callers never test for a lease."""
+
+    def busy(self):
+        return contextlib.nullcontext()
+
+    def pick(self) -> int:
+        return 0
+
+    def before_step(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {"lent_steps": 0, "steps": 0}
+
+    def close(self, remove: bool = False) -> None:
+        pass

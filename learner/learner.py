@@ -10,7 +10,6 @@ A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray a
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import time
 
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from common import metrics as M
-from common.core_lease import LEARNER, Lease, flag_path, lease_key, set_torch_threads
+from common.core_lease import LEARNER, Lease, NoLease, flag_path, lease_key, set_torch_threads
 from common.device import actor_device, cap_process_memory, ray_placement
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.state_io import (
@@ -90,9 +89,8 @@ class Learner:
     def close(self) -> None:
         """The run is over: remove this node's core-sharing flag file (the actor is killed
         next, and the driver may be on another node, where it cannot remove it)."""
-        if self.lease is not None:
-            self.lease.close(remove=True)
-            self.lease = None
+        self.lease.close(remove=True)
+        self.lease = NoLease()
 
     def placement(self) -> dict:
         """Where this learner runs: its device, what Ray assigned it (e.g. a GPU share), its
@@ -137,30 +135,20 @@ class Learner:
         self.recent.append(batch)
         return self.train_on(batch)
 
-    def _lease(self) -> Lease | None:
+    def _lease(self) -> Lease | NoLease:
         """Core sharing with the CPU rollout workers of this node (common/core_lease.py): this
         learner creates the node's flag file and borrows the cores of idle workers."""
         r = self.cfg.rollout
         key = lease_key() if r.share_cores and self.device == "cpu" else None
         if key is None:
-            return None
+            return NoLease()
         return Lease(flag_path(key), LEARNER, r.learner_threads,
                      {1 + i: r.threads_per_worker for i in range(r.num_workers)},
                      set_threads=set_torch_threads, slots=1 + r.num_workers)
 
-    def _share_cores(self) -> None:
-        """Run on the cores of this node's waiting rollout workers too (common/core_lease.py)."""
-        if self.lease is not None:
-            self.lease.pick()
-
-    def _busy(self):
-        """While an update or consolidation runs, rollout workers on this node keep to their
-        own cores (common/core_lease.py)."""
-        return self.lease.busy() if self.lease is not None else contextlib.nullcontext()
-
     def train_on(self, batch: TrainBatch) -> LearnerStep:
         """One GRPO update on a TrainBatch (what `train_step` runs)."""
-        with self._busy():
+        with self.lease.busy():  # this node's workers keep to their own cores
             return self._train_on(batch)
 
     def _train_on(self, batch: TrainBatch) -> LearnerStep:
@@ -181,7 +169,7 @@ class Learner:
         active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or kl_on)]
         stats, kl_anchor = losses.LossStats(), 0.0
         for idx in self._micro_batches(batch, active):
-            self._share_cores()
+            self.lease.pick()  # the cores of this node's waiting rollout workers too
             # before the forward that backward() needs: the anchor's swap writes the params
             anchor = self._anchor_logp(batch, idx, sel) if anchored else None
             logp, _ = self._forward_selected(self.model, batch, idx, sel)
@@ -194,7 +182,7 @@ class Learner:
                 kl = losses.anchor_kl(logp, anchor, weights[idx])
                 loss = loss + self.cfg.ewc.anchor_kl * kl
                 kl_anchor += float(kl.detach())
-            self._share_cores()  # the backward is ~2/3 of a micro-batch: check again
+            self.lease.pick()  # the backward is ~2/3 of a micro-batch: check again
             loss.backward()
             stats = stats + part
         if not active:  # nothing trains: still measure learner vs behaviour log-probs
@@ -271,7 +259,7 @@ class Learner:
     # ---- EWC -----------------------------------------------------------------------------
     def consolidate(self, batches: list[TrainBatch] | None = None) -> dict:
         """EWC at a stage boundary: Fisher and anchor (`_consolidate`)."""
-        with self._busy():
+        with self.lease.busy():  # this node's workers keep to their own cores
             return self._consolidate(batches)
 
     def _consolidate(self, batches: list[TrainBatch] | None = None) -> dict:

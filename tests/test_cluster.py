@@ -6,6 +6,7 @@ SPREADing it over all three: the tiny preset must still train, sync weights acro
 finish. An impossible layout must fail fast with the one-line ConfigError.
 """
 
+import glob
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from common.config import ConfigError
-from common.core_lease import flag_dir
+from common.core_lease import flag_path
 from launch import run_io
 from launch.placement import make_placement
 from launch.presets import get_preset
@@ -88,7 +89,7 @@ def test_tiny_run_spreads_over_nodes(three_nodes, tmp_path):
     # the learner ran on another node than the driver: it removed its core-sharing flag file
     job = ray.get_runtime_context().get_job_id()
     assert not [n for n in ray.nodes() if os.path.exists(
-        os.path.join(flag_dir(), f"homerl-cores-{n['NodeID'][:16]}-{job}"))]
+        flag_path(f"{n['NodeID'][:16]}-{job}"))]
     assert layout.strategy == "SPREAD"  # 3 x 1 CPU fits on no single 1-CPU node
     worker_nodes = [p["node_id"] for p in pings]
     assert len(set(worker_nodes)) == 2, worker_nodes
@@ -164,6 +165,9 @@ def test_lost_worker_and_learner_nodes_are_survived(spare_nodes, tmp_path, caplo
         for node in NodeLosingTrainer.joined:  # the node the test started itself
             os.killpg(node.pid, signal.SIGKILL)
             node.wait(30)
+        for node_id in NodeLosingTrainer.lost:  # a lost learner's core-sharing flag file
+            for path in glob.glob(flag_path(f"{node_id[:16]}-*")):
+                os.remove(path)
     rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(8))  # every step once; 4 was redone
     assert summary["learner_restarts"] == 1 and rows[-1]["faults/learner_restarts"] == 1

@@ -14,6 +14,7 @@ from common.core_lease import (
     LEARNER,
     MIN_IDLE_S,
     Lease,
+    NoLease,
     flag_path,
     remove_flag,
     split_cores,
@@ -147,3 +148,19 @@ def test_the_flag_file_of_a_run_is_removed_at_the_end(tmp_path):
     assert not os.path.exists(flag_path(key))
     remove_flag(key)     # already gone: no error
     remove_flag(None)    # outside a Ray job: nothing to do
+
+
+def test_no_lease_answers_every_call_a_lease_does_and_never_lends(tmp_path):
+    """A role that shares nothing (GPU, share_cores off) holds a NoLease: the learner and the
+    vLLM worker call it exactly as a Lease, with no None checks."""
+    public = {n for n in vars(Lease) if not n.startswith("_") and callable(getattr(Lease, n))}
+    assert public - {"state", "lends"} <= set(vars(NoLease))  # what roles call on their lease
+    calls = []
+    real = Lease(str(tmp_path / "flags"), LEARNER, 1, {}, set_threads=calls.append, slots=1)
+    for lease in (real, NoLease()):
+        with lease.busy():
+            lease.before_step()
+        assert set(lease.stats()) == {"lent_steps", "steps"}
+        lease.close(remove=True)
+    assert NoLease().stats() == {"lent_steps": 0, "steps": 0}
+    assert NoLease().pick() == 0  # borrows nothing, sets no thread count
