@@ -126,7 +126,8 @@ class RolloutConfig:
     """GPU GiB the rollout engine may take when it shares a card (0: what the plan says)"""
     share_cores: bool = True
     """on a CPU node, the learner and the vLLM rollout workers lend each other their cores
-    while one waits (common/core_lease.py); false: each keeps to its own"""
+    while one waits (common/core_lease.py); false: each keeps to its own, and a run repeats
+    bit for bit from its seed (with sharing, thread counts follow timing, and so do float sums)"""
 
     def __post_init__(self):
         _choice("rollout.engine", self.engine, ("hf", "vllm"))
