@@ -3,7 +3,7 @@
 A plain class; the launcher wraps it with `ray.remote(num_cpus=k)` and names the actor
 (`rollout-0`, ...). Interface shared with the vLLM worker: `set_weights`, `generate`, `ping`.
 
-On-policy by construction (README, "The on-policy invariant"): `generate` gets a complete
+On-policy by construction (docs/algorithm.md, "The on-policy invariant"): `generate` gets a complete
 GenerationConfig built from `rollout.*` alone (actors/sampling.py), the behaviour log-probs are
 recorded from the very scores that are sampled from, the LM head runs in fp32 even on a bf16
 body, a QLoRA policy is sampled from the learner's dequantised NF4 base, and a bf16 worker keeps

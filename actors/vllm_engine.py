@@ -86,7 +86,7 @@ class VLLMEngine:
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
                  lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_bytes: int | None = None, speculative: dict | None = None):
+                 kv_cache_bytes: int | None = None):
         import vllm
         from vllm import LLM
 
@@ -105,8 +105,6 @@ class VLLMEngine:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if kv_cache_bytes is not None:
             kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
-        if speculative is not None:  # e.g. {"method": "ngram", ...}: probes only (tools.spec_probe)
-            kwargs.update(speculative_config=speculative)
         self.llm = LLM(**kwargs)
         self.before_step = None
         """called before every engine step (prefill or decode), in this thread"""

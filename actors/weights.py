@@ -96,7 +96,7 @@ class WeightApplier:
         place. Otherwise keep the loaded tensor and merge into a new one: the loaded weights are
         pages of the model file, shared with the learner's copy, and writing into them would
         make this process hold a private second copy. `compact=False`: always the latter
-        (`tools.bench_merge` measures the two).
+        (docs/history.md has what each costs in memory).
         """
         w = module.weight.detach()
         if compact and w.dtype == torch.float32:

@@ -39,24 +39,24 @@ def _cpu_demo() -> Config:
         model=ModelConfig(name="smollm2-135m-instruct"),
         lora=LoraConfig(mode="lora", r=16, alpha=32),
         # vLLM's CPU wheel: 110 steps in ~9.7 min against ~13 with HF generate, and about as
-        # much learnt (3 seeds, README "Learning": unseen 66.5% vs 69.5%, seen 94.5 vs 86.7)
+        # much learnt (3 seeds, docs/results.md: unseen 66.5% vs 69.5%, seen 94.5 vs 86.7)
         rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8, max_new_tokens=40,
                               temperature=0.8, num_workers=1, threads_per_worker=1,
                               learner_threads=1, max_staleness=1),
         # micro_batch 8, one prompt's G completions packed in one row: the learner's step
         # ~22% shorter than at 4 (its time is no longer hidden: core sharing lends what it
-        # saves to the rollout) for ~0.25 GiB more activation peak (README, "Memory")
+        # saves to the rollout) for ~0.25 GiB more activation peak (docs/performance.md, "Memory")
         # entropy_rho 1.0, every completion token in the loss: against the top 20% it raised
-        # unseen accuracy 58.7 -> 69.5% (3 seeds) and reached +20 points sooner (README,
-        # "Learning" and "Time to a target accuracy"); the learner's 12-16% more work is
+        # unseen accuracy 58.7 -> 69.5% (3 seeds) and reached +20 points sooner (docs/results.md,
+        # "Learning"; docs/history.md, "Time to accuracy"); the learner's 12-16% more work is
         # hidden behind the rollout at staleness 1
         grpo=GRPOConfig(lr=3e-4, entropy_rho=1.0, micro_batch=8),
         curriculum=CurriculumConfig(task="arith", level=1),
         # the format bonus only after working: without it one seed in three collapsed to
-        # formatted guesses (`Answer: 8`, no sums) within ten steps (README, "Learning")
+        # formatted guesses (`Answer: 8`, no sums) within ten steps (docs/results.md)
         reward=RewardConfig(format_needs_working=True),
-        # 110 steps: ~9.5 min on 2 cores with vLLM (~14 with HF); the recipe search (README,
-        # "Learning") found 110 steps at lr 3e-4 beat 60 at 1e-3
+        # 110 steps: ~9.5 min on 2 cores with vLLM (~14 with HF); the recipe search
+        # (docs/results.md, "What did not work") found 110 steps at lr 3e-4 beat 60 at 1e-3
         run=RunConfig(steps=110, checkpoint_every=20, eval_n=150),
     )
 

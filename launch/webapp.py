@@ -124,7 +124,7 @@ def _new_run_dir(root: str, preset: str) -> str:
 
 def _command(argv: list[str], root: str) -> list[str]:
     """`python -m launch.train argv`; under a dashboard RAY_ADDRESS (http://head:8265) the same
-    command as a Ray job (`ray job submit`, as README's "As a Ray job"), which this process
+    command as a Ray job (`ray job submit`, as docs/cluster.md's "As a Ray job"), which this process
     follows to its end."""
     address = os.environ.get("RAY_ADDRESS", "")
     if not address.startswith(("http://", "https://")):

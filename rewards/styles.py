@@ -78,7 +78,7 @@ STYLES = {
         re.compile(r"(?i)\bresult[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
     # the "answer" line with the number in words: a few words apart in the prompt, and the
     # opposite answer on the same problems, meant for stages that pull one habit two ways (the
-    # embedded model never samples number words, so it cannot learn this stage: README)
+    # embedded model never samples number words, so it cannot learn this stage: docs/history.md)
     "words": AnswerStyle(
         "words",
         "Solve the problem. End your reply with a final line of the form "

@@ -191,7 +191,7 @@ def run_job(ray_cluster):
     return run
 
 
-# The README's cluster path (`ray start --head`, then `ray job submit`): a head node of a test's own
+# docs/cluster.md's path (`ray start --head`, then `ray job submit`): a head node of a test's own
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -220,7 +220,7 @@ def head_node(tmp_path, own_ray):
     # who ran `. .venv/bin/activate` before `ray start` would have it.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     # Ray 2.60's `ray start` turns token auth on; the job CLI sends ~/.ray/auth_token only
-    # when RAY_AUTH_MODE=token (README says the same).
+    # when RAY_AUTH_MODE=token (docs/cluster.md says the same).
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     # `--block` in a session of its own: teardown kills exactly this cluster's processes.

@@ -1,4 +1,4 @@
-"""cluster_configs/: the files parse, carry the README's set-up and entrypoint, and the two
+"""cluster_configs/: the files parse, carry docs/cluster.md's set-up and entrypoint, and the two
 `ray up` configs pass Ray's own validation. Nothing here starts a cluster or contacts a cloud."""
 
 import copy

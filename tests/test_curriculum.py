@@ -44,7 +44,7 @@ def test_stage_transitions_at_the_right_steps():
 
 
 def test_the_default_curriculum_replays_earlier_stages():
-    """Replay is the default continual method (README, "Forgetting"): with no flag, a later
+    """Replay is the default continual method (docs/results.md, "Forgetting"): with no flag, a later
     stage's steps hold some of the earlier stages' prompts; one stage has none to replay."""
     cur = Curriculum(cfg_with("arith:1:5,arith:2:100", 105))
     steps = [cur.prompts(k)[1] for k in range(105)]

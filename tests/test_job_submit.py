@@ -1,4 +1,4 @@
-"""The README's cluster path: `ray start --head`, then `ray job submit ... python -m launch.train`.
+"""docs/cluster.md's path: `ray start --head`, then `ray job submit ... python -m launch.train`.
 
 Starts a real head node on 127.0.0.1 with its own ports, submits the tiny preset, waits for the
 job to succeed and checks its run directory; a second job has its learner SIGKILLed mid-run and

@@ -34,7 +34,7 @@ the timed steps / their total time), peak footprint and peak RSS. The ratio line
 printed last) is the median over the pairs (timed step i of TRL, timed step i of ours) of
 completions/s ours / TRL; the line before it is the ratio of the peak footprints.
 Peak footprint, the comparable memory figure, is the same formula for both systems
-(`common.memory.Footprint.peak_pss_gb`, the README's memory table): summed over the system's
+(`common.memory.Footprint.peak_pss_gb`, docs/performance.md, "Memory"): summed over the system's
 processes, PSS (shared pages split among the processes that map them) plus how far each
 process's RSS once rose above its current RSS (VmHWM - RSS). Both systems run in this process,
 so between them it is trimmed (malloc_trim) and its VmHWM reset to its RSS (/proc/self/

@@ -59,7 +59,7 @@ class Calibration:
     """Figures measured on one box. The defaults: 2 vCPUs of an AMD EPYC (Zen 4) host, fp32,
     SmolLM2-135M, cpu-demo (vLLM rollouts, packed learner forward) with core sharing off (run
     a-noshare: `launch.train --preset cpu-demo --rollout.share_cores false`, 1 worker x 1
-    thread + learner 1 thread; README, "Scaling"), medians of steps 3-14."""
+    thread + learner 1 thread; docs/performance.md, "Scaling"), medians of steps 3-14."""
 
     decode_a_s: float = 0.0379
     """decode step at 1 thread, fixed part (s): `tools.decode_profile --engines vllm --batches

@@ -90,7 +90,7 @@ class VLLMRunner:
     """`actors.vllm_engine.VLLMEngine` in this process, set up as the rollout worker sets it."""
 
     def __init__(self, path: str, max_len: int, threads: int,
-                 dtype: torch.dtype = torch.float32, speculative: dict | None = None):
+                 dtype: torch.dtype = torch.float32):
         from actors.vllm_engine import VLLMEngine
         from actors.vllm_setup import configure_env
 
@@ -100,8 +100,7 @@ class VLLMRunner:
         configure_env(cfg, "rollout-0")
         self.tok = load_tokenizer(path)
         self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
-                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30,
-                                 speculative=speculative)
+                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30)
 
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every completion's)."""

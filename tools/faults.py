@@ -1,4 +1,4 @@
-"""What each fault costs a run (`make faults`, not in CI): the README fault table's figures.
+"""What each fault costs a run (`make faults`, not in CI): the figures of docs/faults.md.
 
     python -m tools.faults                      # the tiny preset, 16 steps, 3 clean runs
     python -m tools.faults --preset cpu-demo --steps 12 --clean-runs 1
@@ -51,7 +51,7 @@ def _learner(sig: int) -> Callable[[Trainer], None]:
 @dataclass(frozen=True)
 class Fault:
     name: str
-    """the README table's row"""
+    """the docs/faults.md table's row"""
     how: str
     """how it is injected"""
     where: str = "step"

@@ -45,7 +45,7 @@ from rewards.styles import STYLES as ANSWER_STYLES
 from tools.experiments.cl_metrics import summarize
 from tools.experiments.cl_run import METRICS, SCORES, Stem, run_method, scores
 
-# Measured (README, "Forgetting"): "Answer: N" is the embedded model's own habit and outlasts
+# Measured (docs/history.md): "Answer: N" is the embedded model's own habit and outlasts
 # later stages; "#### N" first is learnt a little and the "Answer:" stage lifts it; `short` last
 # is learnt from a tagged policy and wipes both tags; `short` first locks the policy into short
 # replies (the tagged stages after it learnt nothing).
@@ -68,9 +68,9 @@ METHODS = {
     "replay+anchor-kl": ["--curriculum.replay", "0.25", "--ewc.anchor_kl", "0.1"],
 }
 BASE_FLAGS = ["--rollout.engine", "hf"]
-"""before the train flags: README's tables were measured with the HF engine, cpu-demo's then;
-`-- --rollout.engine vllm` runs them with vLLM (another design for --resume)"""
-DEFAULT_METHODS = "naive,replay"  # 3 seeds: 75 min here (README); each other arm ~35 min more
+"""before the train flags: docs/results.md's tables were measured with the HF engine
+(cpu-demo's then); `-- --rollout.engine vllm` runs them with vLLM (another design for --resume)"""
+DEFAULT_METHODS = "naive,replay"  # 3 seeds: 75 min on 2 vCPUs; each other arm ~35 min more
 
 
 def parse_args(argv=None) -> argparse.Namespace:
