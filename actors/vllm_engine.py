@@ -59,6 +59,27 @@ class WeightSyncExtension:
         return len(weights)
 
 
+CPU_BLOCK_SIZE = 32
+"""KV-cache block on CPU (vLLM's CPU default is 128; its attention takes multiples of 32)"""
+
+
+def cpu_layout(max_model_len: int) -> dict:
+    """Engine settings for vLLM's CPU backend.
+
+    * 32-token KV blocks: a prompt's full blocks are shared by its G samples (prefix caching
+      works on whole blocks, and a 60-80-token chat prompt fills none of 128). A cpu-demo
+      rollout call (2 prompts x G=8, 40 new tokens, SmolLM2-135M, one thread) took a median
+      3.6 s against 5.6 s with 128-token blocks; 150 held-out prompts prefilled a second time
+      7.4 s against 24 s.
+    * No chunked prefill: when a call's prompts exceed the step's token budget, vLLM 0.32
+      splits a prefill and then rewinds the sampler's per-request generator, which the CPU
+      generator refuses ("CPU Generator does not use offset"): every seeded call with more than
+      4096 prompt tokens failed. Whole prefills only; the budget covers the longest prompt.
+    """
+    return dict(block_size=CPU_BLOCK_SIZE, enable_chunked_prefill=False,
+                max_num_batched_tokens=max(4096, max_model_len))
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled completion as the worker needs it."""
@@ -86,7 +107,8 @@ class VLLMEngine:
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
                  lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_bytes: int | None = None):
+                 kv_cache_bytes: int | None = None, cpu: bool = False):
+        """`cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill."""
         import vllm
         from vllm import LLM
 
@@ -105,6 +127,8 @@ class VLLMEngine:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         if kv_cache_bytes is not None:
             kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
+        if cpu:
+            kwargs.update(cpu_layout(max_model_len))
         self.llm = LLM(**kwargs)
         self.before_step = None
         """called before every engine step (prefill or decode), in this thread"""

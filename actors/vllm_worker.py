@@ -151,7 +151,7 @@ class VLLMRolloutWorker(RolloutWorker):
             lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
             gpu_memory_utilization=engine_utilization(
                 cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None,
-            kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path))
+            kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path), cpu=not cuda_available())
         self.lease = self._lease()
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()

@@ -113,6 +113,17 @@ def full_payload(model_path, version, seed=7):
     return WeightUpdate("full", version, tensors)
 
 
+def test_seeded_call_over_the_prefill_budget_is_decoded(worker):
+    """A call whose prompts exceed vLLM's 4096-token step budget: vLLM 0.32 would split a
+    prefill, then fail to rewind a seeded request's CPU generator ("CPU Generator does not use
+    offset"); the CPU layout prefills whole prompts (actors.vllm_engine.cpu_layout)."""
+    words = " ".join(f"w{i}" for i in range(30))
+    prompts = [{"question": f"{i}: {words}", "answer": "1"} for i in range(60)]
+    b = worker.generate(RolloutCall(prompts, 2, Sampling(seed=5, temperature=1.0)))
+    assert sum(len(p) for p in b.prompt_ids[::2]) > 4096  # more than one step's budget
+    assert len(b.completion_ids) == 120 and all(b.completion_ids)
+
+
 def test_generate_returns_well_formed_batch(worker, hf):
     b = worker.generate(RolloutCall(PROMPTS + [{"question": " ", "answer": "1"}], G,
                                     Sampling(seed=3)))

@@ -100,7 +100,8 @@ class VLLMRunner:
         configure_env(cfg, "rollout-0")
         self.tok = load_tokenizer(path)
         self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
-                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30)
+                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30,
+                                 cpu=True)
 
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every completion's)."""
