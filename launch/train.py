@@ -226,10 +226,10 @@ class Trainer:
         self.trained_stage = stage
         return out
 
-    def run(self) -> dict:
+    def run(self, progress=None) -> dict:
         cfg, t_start = self.cfg, time.perf_counter()
         bar = tqdm(range(self.start, cfg.run.steps), desc="train", unit="step",
-                   initial=self.start, total=cfg.run.steps, file=sys.stdout)
+                   initial=self.start, total=cfg.run.steps, file=progress or sys.stdout)
         for k in bar:
             row = self.step(k)
             bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.2f}", acc=f"{row[M.REWARD_CORRECT]:.2f}",

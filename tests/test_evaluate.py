@@ -140,16 +140,58 @@ def test_seen_and_unseen_sets_with_samples(tmp_path):
         assert res["n"] == 3 and res["samples"] == 2 and 0 <= res["pass@1"] <= res["pass@2"]
 
 
-def test_demo_runs_end_to_end_on_the_tiny_preset(tmp_path, ray_cluster, capsys):
+def test_demo_runs_end_to_end_on_the_tiny_preset(tmp_path, ray_cluster, capfd):
+    """Both evaluations on the run's rollout worker; the console holds the demo's lines and the
+    table, the actors' logs do not reach it."""
     from launch.demo import main as demo
 
+    capfd.readouterr()
     assert demo(["--preset", "tiny", "--steps", "2", "--run.eval_n", "3",
                  "--run-dir", str(tmp_path / "run")]) == 0
-    text = capsys.readouterr().out
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
     assert "seen (n=3)" in text and "unseen (n=3)" in text and "pass@8" in text
     assert text.count("[seen] Q:") == 3 and text.count("[unseen] Q:") == 3
+    assert "scored by transformers generate" in text and "demo.log" in text
+    assert "pid=" not in text  # Ray's forwarded actor lines: "(Learner pid=...)"
     result = json.loads((tmp_path / "run" / "demo.json").read_text())
     assert set(result["before"]) == {"seen", "unseen"} and result["train"]["steps"] == 2
+    assert result["before"]["seen"]["samples"] == 8 and result["engine"] == "transformers generate"
+    assert (tmp_path / "run" / "demo.log").exists()
+
+
+def test_quiet_console_keeps_library_output_in_the_log(tmp_path, capfd):
+    """Python warnings, writes to file descriptor 2 (C libraries, child processes) and other
+    loggers go to the log; the job's lines and homerl's warnings to the terminal."""
+    import logging
+    import os
+    import sys
+    import warnings
+
+    from launch.console import QuietConsole
+
+    log = tmp_path / "job.log"
+    capfd.readouterr()
+    with QuietConsole(str(log)) as console:
+        console.say("job line")
+        os.write(2, b"C library noise\n")
+        print("stray print", file=sys.stderr, flush=True)
+        warnings.warn_explicit("deprecated thing", UserWarning, "lib.py", 1,
+                               registry={})
+        logging.getLogger("homerl.test").warning("a worker was replaced")
+        logging.getLogger("somelib").error("a library says something")
+        os.system("echo child process output")
+    print("after", flush=True)
+    captured = capfd.readouterr()
+    shown, kept = captured.out + captured.err, log.read_text()
+    assert "job line" in shown and "a worker was replaced" in shown and "after" in shown
+    for noise in ("C library noise", "stray print", "deprecated thing", "a library says something",
+                  "child process output"):
+        assert noise in kept and noise not in shown, noise
+    with QuietConsole(str(tmp_path / "v.log"), verbose=True) as console:  # --verbose
+        os.write(2, b"shown when verbose\n")
+    assert "shown when verbose" in capfd.readouterr().err
+    assert not (tmp_path / "v.log").exists()
 
 
 def test_demo_warns_when_the_format_was_learned_and_accuracy_lost():
