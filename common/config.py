@@ -8,36 +8,14 @@ Presets live in `launch/presets.py`; `launch.cli` applies `--section.field value
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
+from common.task_config import FN_SPEC, VERIFIERS, CurriculumConfig, RewardConfig
+from common.validate import ConfigError, _choice, _int, _range
 
-class ConfigError(ValueError):
-    """A user-facing configuration error; its message is one line naming the field."""
-
-
-def _choice(name: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
-
-
-def _range(name: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{name}: must be a number; got {value!r}")
-    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
-    bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
-    if bad_lo or bad_hi:
-        left = "(" if lo_open else "["
-        right = ")" if hi_open else "]"
-        lo_s = "-inf" if lo is None else lo
-        hi_s = "inf" if hi is None else hi
-        raise ConfigError(f"{name}: must be in {left}{lo_s}, {hi_s}{right}; got {value!r}")
-
-
-def _int(name: str, value, lo=None, hi=None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}: must be an integer; got {value!r}")
-    _range(name, value, lo, hi)
+__all__ = ["FN_SPEC", "VERIFIERS", "Config", "ConfigError", "CurriculumConfig", "EWCConfig",
+           "GRPOConfig", "LoraConfig", "ModelConfig", "RewardConfig", "RolloutConfig",
+           "RunConfig"]
 
 
 @dataclass
@@ -208,29 +186,6 @@ class GRPOConfig:
 
 
 @dataclass
-class RewardConfig:
-    overlong: str = "keep"
-    """completions cut at max_new_tokens: keep, mask (no loss), soft_penalty (DAPO shaping)"""
-    overlong_buffer: float = 0.25
-    """soft_penalty: share of max_new_tokens over which the penalty ramps from 0 to -1"""
-    format_if_correct: bool = False
-    """the format bonus (rollout.format_weight) counts only for a right answer"""
-    format_gate_steps: int = 0
-    """the format bonus counts only for a right answer while the policy version is below this"""
-    format_needs_working: bool = False
-    """the format bonus counts only after working (a line with a number above the answer
-    line): a bare `Answer: N` guess earns nothing (rewards/shaping.py)"""
-    other_tag_bonus: bool = True
-    """the format bonus pays 0.25 for a tag of another answer style than the prompt asked
-    for (false: only the asked style's tag pays, so a stage pulls away from earlier styles)"""
-
-    def __post_init__(self):
-        _int("reward.format_gate_steps", self.format_gate_steps, 0)
-        _choice("reward.overlong", self.overlong, ("keep", "mask", "soft_penalty"))
-        _range("reward.overlong_buffer", self.overlong_buffer, 0.0, 1.0, lo_open=True)
-
-
-@dataclass
 class EWCConfig:
     lam: float = 0.0
     """EWC strength lambda (0 disables the penalty)"""
@@ -246,34 +201,6 @@ class EWCConfig:
         _range("ewc.anchor_kl", self.anchor_kl, 0.0)
         _range("ewc.gamma", self.gamma, 0.0, 1.0)
         _int("ewc.fisher_batches", self.fisher_batches, 1, 1000)
-
-
-@dataclass
-class CurriculumConfig:
-    task: str = "arith"
-    """training task: arith (procedural arithmetic) or gsm8k"""
-    level: int = 1
-    """arithmetic difficulty: 1 single-digit +/-, 2 multi-digit +,-,*, 3 two-step word problems"""
-    data_path: str = ""
-    """local GSM8K-style JSONL for task gsm8k (empty: the hub, where reachable)"""
-    stages: str = ""
-    """stage list task:level[:steps][@promote], comma-separated (empty: one stage of task/level)"""
-    sent: bool = False
-    """order each stage's training prompts easy -> hard by semantic entropy (SENT)"""
-    sent_samples: int = 8
-    """SENT: completions M sampled per prompt (temperature 1) to estimate its answer entropy"""
-    sent_pool: int = 64
-    """SENT: training prompts per stage that are scored and ordered (then cycled)"""
-    replay: float = 0.25
-    """on-policy replay: expected fraction of each step's prompts drawn from earlier stages'
-    training prompts (generated fresh by the current policy); 0 = off; acts from stage 2 on"""
-
-    def __post_init__(self):
-        _choice("curriculum.task", self.task, ("arith", "gsm8k"))
-        _range("curriculum.replay", self.replay, 0.0, 1.0, hi_open=True)
-        _choice("curriculum.level", self.level, (1, 2, 3))
-        _int("curriculum.sent_samples", self.sent_samples, 2, 256)
-        _int("curriculum.sent_pool", self.sent_pool, 1, 100_000)
 
 
 @dataclass
