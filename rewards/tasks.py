@@ -1,8 +1,22 @@
 """Task registry and prompt formatting.
 
-A task yields samples ``{"id", "question", "answer", "task", "level"}`` where
-"answer" is a canonical plain string ("42") that `rewards.verify` accepts as a
-reference. Tasks: "arith" (`ArithmeticTask`) and "gsm8k" (`GSM8KTask`).
+A task yields samples, plain dicts that cross every process boundary (worker, verifier
+process, checkpoints as JSON). Keys:
+
+    id          str, unique within the task
+    question    str: the prompt text (a chat sample: its last user message, for display)
+    answer      str: the reference its verifier checks ("42" for numeric); may be "" when
+                only reward functions score the task
+    task, level the task's name and level (0 where levels do not apply)
+    style       optional: the answer line its prompt asks for (`rewards.styles`, numeric)
+    verifier    optional: a built-in verifier by name (`rewards.registry`; default numeric)
+    messages    optional: a chat prompt [{"role", "content"}, ...] used instead of question
+    system      optional: a system message put before the prompt
+    instruction optional: the text after the question (default: the verifier's instruction)
+    columns     optional: the dataset row's other columns, passed to reward functions as
+                keyword arguments (TRL's convention)
+
+Tasks: "arith" (`ArithmeticTask`), "gsm8k" (`GSM8KTask`), "file" (a user's dataset).
 """
 
 from __future__ import annotations
