@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from actors.sampling import own_generation
 from common.models import load_model, load_tokenizer, resolve_model
-from rewards import INSTRUCTION, format_prompt
+from rewards import INSTRUCTION, format_prompt, prompt_text
 
 
 def load_for_eval(name_or_path: str, dtype: torch.dtype):
@@ -39,17 +39,22 @@ def load_for_eval(name_or_path: str, dtype: torch.dtype):
     return load_model(path, dtype=dtype).eval(), load_tokenizer(path)
 
 
-def chat_prompts(tokenizer, questions: list[str], instructions: list[str] | None) -> list[str]:
-    """Each question chat-formatted with its instruction (None: the default answer line)."""
-    return [format_prompt(tokenizer, q, i)
-            for q, i in zip(questions, instructions or [INSTRUCTION] * len(questions))]
+def chat_prompts(tokenizer, items: list[dict] | list[str],
+                 instructions: list[str] | None = None) -> list[str]:
+    """The prompt of each item: a sample (a dict) as training builds it (`prompt_text`: chat
+    template, system message, its instruction); a question (a str) chat-formatted with its
+    instruction (None: the default answer line)."""
+    asks = instructions or [INSTRUCTION] * len(items)
+    return [prompt_text(tokenizer, x) if isinstance(x, dict) else format_prompt(tokenizer, x, i)
+            for x, i in zip(items, asks)]
 
 
 @torch.no_grad()
-def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
+def greedy_complete(model, tokenizer, questions: list[dict] | list[str], max_new_tokens: int,
                     batch_size: int = 32, desc: str = "eval", progress: bool = True,
                     instructions: list[str] | None = None) -> list[str]:
-    """Greedy completions for chat-formatted questions, batched, with a progress bar.
+    """Greedy completions for samples or questions (`chat_prompts`), batched, with a progress
+    bar.
 
     Greedy on the model's plain distribution: the generation config is ours
     (actors/sampling.py), so a repetition penalty in the checkpoint's own config does not apply.
@@ -71,12 +76,13 @@ def greedy_complete(model, tokenizer, questions: list[str], max_new_tokens: int,
 
 
 @torch.no_grad()
-def sample_complete(model, tokenizer, questions: list[str], max_new_tokens: int, k: int,
-                    seed: int = 0, batch_size: int = 32, desc: str = "sample",
+def sample_complete(model, tokenizer, questions: list[dict] | list[str], max_new_tokens: int,
+                    k: int, seed: int = 0, batch_size: int = 32, desc: str = "sample",
                     progress: bool = True, instructions: list[str] | None = None
                     ) -> list[list[str]]:
-    """k completions per question sampled at temperature 1 from the model's plain distribution
-    (our generation config: no top-k/top-p, no penalties), batched; seeded per batch."""
+    """k completions per sample or question (`chat_prompts`) sampled at temperature 1 from the
+    model's plain distribution (our generation config: no top-k/top-p, no penalties), batched;
+    seeded per batch."""
     config = own_generation(model, tokenizer, max_new_tokens, greedy=False)
     config.num_return_sequences = k
     prompts = chat_prompts(tokenizer, questions, instructions)
@@ -107,14 +113,15 @@ class EvalWorker:
         torch.set_num_threads(threads)
         self.model, self.tokenizer = load_for_eval(model, getattr(torch, dtype))
 
-    def complete(self, questions: list[str], max_new_tokens: int, batch_size: int,
+    def complete(self, questions: list[dict] | list[str], max_new_tokens: int, batch_size: int,
                  instructions: list[str] | None = None) -> tuple[list[str], list[int]]:
-        """(completions, their token counts), in the order of `questions`."""
+        """(completions, their token counts), in the order of `questions` (samples or
+        questions, see `chat_prompts`)."""
         texts = greedy_complete(self.model, self.tokenizer, questions, max_new_tokens,
                                 batch_size, progress=False, instructions=instructions)
         return texts, completion_tokens(self.tokenizer, texts)
 
-    def sample(self, questions: list[str], max_new_tokens: int, k: int, seed: int,
+    def sample(self, questions: list[dict] | list[str], max_new_tokens: int, k: int, seed: int,
                batch_size: int, instructions: list[str] | None = None) -> list[list[str]]:
         """k sampled completions per question (see `sample_complete`)."""
         return sample_complete(self.model, self.tokenizer, questions, max_new_tokens, k, seed,

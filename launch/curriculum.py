@@ -7,6 +7,13 @@ A stage spec is `task:level[:steps][:style][@promote]`, comma-separated, e.g.
                                                                 # rolling correct rate >= 0.8
     --curriculum.stages "gsm8k:0:100"                           # level is ignored for gsm8k
     --curriculum.stages "arith:1:30,arith:2:30:boxed"           # stage 2 asks for \boxed{N}
+    --curriculum.stages "arith:1:20,file[data/mine.csv]:0:50"   # then a user's dataset
+    --curriculum.stages "file:0:40"                             # curriculum.data_path
+
+A `file` stage trains on a user's dataset (`rewards.filetask`): `file[PATH]` names it (the
+brackets hold the path, which may contain ':', ',' and '@' but no brackets), a bare `file` means
+`curriculum.data_path`. Every file stage reads its file with the curriculum's field mapping,
+verifier, system prompt, instruction and held-out settings (`curriculum.prompt_field`, ...).
 
 `style` is the answer line the stage's prompts ask for (`rewards.styles`: answer, the default
 "Answer: N"; hash, "#### N"; boxed, "\boxed{N}"); its format bonus and strict accuracy check it.
@@ -29,8 +36,12 @@ import random
 from dataclasses import dataclass
 
 from common.config import ConfigError
-from rewards import make_task
+from rewards import FileOptions, make_task
+from rewards.codecheck import IsolationError, require_isolation
 from rewards.styles import DEFAULT_STYLE, STYLES
+
+CODE = "python-tests"
+"""the verifier that runs the policy's code (rewards.codecheck)"""
 
 PROMOTION_WINDOW = 5
 """steps in the rolling mean of `reward/correct` that a promotion rule looks at"""
@@ -43,6 +54,59 @@ class Stage:
     steps: int
     promote_at: float | None = None
     style: str = DEFAULT_STYLE
+    data_path: str = ""
+    """a file stage's dataset (`file[PATH]`; empty: curriculum.data_path)"""
+
+
+STAGE_GRAMMAR = "task:level[:steps][:style][@promote] (task: arith, gsm8k, file or file[PATH])"
+
+
+def split_specs(spec: str) -> list[str]:
+    """`spec` split at the commas outside `[...]` (a file stage's path may hold commas)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0 or depth > 1:
+            raise ConfigError(f"curriculum.stages: unbalanced '[' ']' in {spec!r}; expected "
+                              f"comma-separated {STAGE_GRAMMAR}")
+        if ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    if depth:
+        raise ConfigError(f"curriculum.stages: '[' without ']' in {spec!r}; a file stage is "
+                          "file[PATH]:level[:steps]...")
+    return [*parts, spec[start:]]
+
+
+def parse_stage(part: str) -> Stage:
+    """One stage spec (`STAGE_GRAMMAR`); ConfigError naming it when it is malformed."""
+    text, path = part.strip(), ""
+    if text.startswith("file["):
+        close = text.index("]")
+        path, rest = text[5:close].strip(), text[close + 1:]
+        if not path or (rest and rest[0] not in ":@"):
+            raise ConfigError(f"curriculum.stages: bad stage {part!r}; a file stage is "
+                              "file[PATH][:level[:steps][:style]][@promote] with a non-empty PATH")
+        text = "file" + rest
+    head, _, promote = text.partition("@")
+    fields = head.split(":")
+    try:
+        task, level = fields[0], int(fields[1]) if len(fields) > 1 and fields[1] else 1
+        steps = int(fields[2]) if len(fields) > 2 and fields[2] else 0
+        style = fields[3] if len(fields) > 3 else DEFAULT_STYLE
+        promote_at = float(promote) if promote else None
+        if len(fields) > 4 or (task != "file" and len(fields) > 1 and not fields[1]):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"curriculum.stages: bad stage {part!r}; expected {STAGE_GRAMMAR}"
+                          ) from None
+    if style not in STYLES:
+        raise ConfigError(f"curriculum.stages: stage {part!r}: style {style!r}; allowed: "
+                          f"{', '.join(STYLES)}")
+    if task not in ("arith", "gsm8k", "file") or (task == "arith" and level not in (1, 2, 3)):
+        raise ConfigError(f"curriculum.stages: stage {part!r}: task must be arith (level "
+                          "1-3), gsm8k, file or file[PATH]")
+    return Stage(task, level, steps, promote_at, style, path)
 
 
 def parse_stages(spec: str, cfg) -> list[Stage]:
@@ -50,27 +114,11 @@ def parse_stages(spec: str, cfg) -> list[Stage]:
     cur, total = cfg.curriculum, cfg.run.steps
     if not spec.strip():
         return [Stage(cur.task, cur.level, total)]
-    stages = []
-    for part in spec.split(","):
-        head, _, promote = part.strip().partition("@")
-        fields = head.split(":")
-        try:
-            task, level = fields[0], int(fields[1]) if len(fields) > 1 else 1
-            steps = int(fields[2]) if len(fields) > 2 and fields[2] else 0
-            style = fields[3] if len(fields) > 3 else DEFAULT_STYLE
-            promote_at = float(promote) if promote else None
-            if len(fields) > 4:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(f"curriculum.stages: bad stage {part!r}; "
-                              "expected task:level[:steps][:style][@promote]") from None
-        if style not in STYLES:
-            raise ConfigError(f"curriculum.stages: stage {part!r}: style {style!r}; allowed: "
-                              f"{', '.join(STYLES)}")
-        if task not in ("arith", "gsm8k") or (task == "arith" and level not in (1, 2, 3)):
-            raise ConfigError(f"curriculum.stages: stage {part!r}: task must be arith (level "
-                              "1-3) or gsm8k")
-        stages.append(Stage(task, level, steps, promote_at, style))
+    stages = [parse_stage(part) for part in split_specs(spec)]
+    for s in stages:
+        if s.task == "file" and not (s.data_path or cur.data_path):
+            raise ConfigError("curriculum.stages: a stage 'file' with no path needs "
+                              "curriculum.data_path; or name the dataset: file[PATH]")
     budgeted = sum(s.steps for s in stages)
     if budgeted > total:
         raise ConfigError(f"curriculum.stages: stages need {budgeted} steps, run.steps is {total}")
@@ -80,15 +128,31 @@ def parse_stages(spec: str, cfg) -> list[Stage]:
     return stages
 
 
+def check_code_isolation(cfg) -> None:
+    """python-tests runs the policy's code: refuse, in one line and before any actor starts,
+    where the OS cannot isolate it, unless the user turned the isolation off."""
+    try:
+        require_isolation(cfg.reward.unsandboxed_code)
+    except IsolationError as e:
+        raise ConfigError(f"curriculum.verifier: {e}") from None
+
+
+def stage_task(cfg, stage: Stage):
+    """The task a stage trains on (a file stage: its dataset with the curriculum's mapping)."""
+    cur = cfg.curriculum
+    return make_task(stage.task, stage.level, stage.data_path or cur.data_path or None,
+                     cfg.run.seed, stage.style, file_options=FileOptions.from_config(cur))
+
+
 class Curriculum:
     """Decides the stage and prompts of each step; its state is checkpointed by the driver."""
 
     def __init__(self, cfg):
         self.cfg = cfg
         self.stages = parse_stages(cfg.curriculum.stages, cfg)
-        data = cfg.curriculum.data_path or None
-        self.tasks = [make_task(s.task, s.level, data, cfg.run.seed, s.style)
-                      for s in self.stages]
+        self.tasks = [stage_task(cfg, s) for s in self.stages]
+        if any(s.task == "file" for s in self.stages) and cfg.curriculum.verifier == CODE:
+            check_code_isolation(cfg)
         self.orders: list[list[int] | None] = [None] * len(self.stages)  # SENT order per stage
         self.stage, self.stage_start = 0, 0
         self.trained = [0] * len(self.stages)  # training prompts each stage has used

@@ -33,7 +33,7 @@ from launch.cli import parse_config
 from launch.console import QuietConsole
 from launch.pool_eval import evaluate_on_pool
 from launch.train import Trainer
-from rewards import make_task
+from rewards import FileOptions, make_task
 
 SAMPLES = 8
 """completions per question for pass@k"""
@@ -45,9 +45,14 @@ ROWS = (("accuracy (greedy)", "accuracy"), ("strict accuracy", "strict_accuracy"
 
 
 def demo_sets(cfg) -> dict[str, list[dict]]:
-    """The held-out splits of the preset's task: seen and unseen templates (arith)."""
+    """The held-out splits of the preset's task: seen and unseen templates (arith); a file
+    task's held-out split (`curriculum.heldout_*`), named by its file."""
     c = cfg.curriculum
-    task = make_task(c.task, c.level, c.data_path or None)
+    task = make_task(c.task, c.level, c.data_path or None,
+                     file_options=FileOptions.from_config(c))
+    if c.task == "file":
+        name = os.path.splitext(os.path.basename(os.path.normpath(c.data_path)))[0]
+        return {name: task.heldout(cfg.run.eval_n)}
     if c.task != "arith":
         return {c.task: task.heldout(cfg.run.eval_n)}
     return {split: task.heldout(cfg.run.eval_n, split) for split in ("seen", "unseen")}

@@ -5,13 +5,18 @@
         --sets arith-1,arith-1-unseen --samples 8
     python -m launch.evaluate --model runs/<run>/final --data my_problems.jsonl
     python -m launch.evaluate --model runs/<run>/final --task gsm8k --data train.jsonl --n 100
+    python -m launch.evaluate --model runs/<run>/final --task file --data mine.csv \
+        --prompt-field problem --answer-field solution --verifier exact
 
 Sets: `arith-L` (level L's held-out questions in the templates training uses), `arith-L-unseen`
 (held-out templates: phrasings never trained on), `gsm8k` (the held-out part of `--data`), each
 with an optional answer style (`arith-2-boxed`: the prompts ask for `\boxed{N}`, and strict
 accuracy checks it; `rewards.styles`), or
 `--data FILE` alone: every line of a user's JSONL file (`question`, `answer`: a number or
-GSM8K's `#### N`; a malformed line is a one-line error naming the line and the field).
+GSM8K's `#### N`; a malformed line is a one-line error naming the line and the field), or
+`--task file --data DATASET`: the held-out split of a user's dataset (JSONL, CSV, Parquet, a
+`save_to_disk` folder) made as training makes it, with the training run's field mapping,
+verifier and split given as flags (launch/eval_sets.py).
 
 Metrics per set: `accuracy` (greedy; the right final number by any rule the lenient parser
 accepts), `strict_accuracy` (right and in the asked `Answer: N` final line), `format_rate`,
@@ -45,13 +50,12 @@ from actors.eval_worker import (
 )
 from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
+from launch.eval_sets import SET_NAMES, add_file_flags, heldout_sets, requested_sets
 from launch.scoring import pass_at_k, score
-from rewards import DatasetError, instruction_for, make_task
-from rewards.evalfile import read_eval_file
-from rewards.styles import STYLES
+from rewards import DatasetError
 
-__all__ = ["evaluate", "evaluate_many", "heldout_sets", "load_for_eval", "pass_at_k", "score",
-           "table"]
+__all__ = ["SET_NAMES", "evaluate", "evaluate_many", "heldout_sets", "load_for_eval",
+           "pass_at_k", "score", "table"]
 
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
@@ -59,14 +63,10 @@ def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
              sample_n: int | None = None) -> dict:
     """Greedy completions of `samples` from an in-process model (and, when k > 0, k sampled
     ones for each of the first `sample_n` samples, all by default), scored (see `score`)."""
-    t0 = time.perf_counter()
-    questions = [s["question"] for s in samples]
-    asks = [instruction_for(s) for s in samples]  # each sample's answer line
-    texts = greedy_complete(model, tokenizer, questions, max_new_tokens, batch_size, desc,
-                            instructions=asks)
-    sampled = (sample_complete(model, tokenizer, questions[:sample_n], max_new_tokens, k,
-                               batch_size=batch_size, desc=f"{desc} x{k}",
-                               instructions=asks[:sample_n]) if k else None)
+    t0 = time.perf_counter()  # prompts as training builds them (rewards.prompt_text)
+    texts = greedy_complete(model, tokenizer, samples, max_new_tokens, batch_size, desc)
+    sampled = (sample_complete(model, tokenizer, samples[:sample_n], max_new_tokens, k,
+                               batch_size=batch_size, desc=f"{desc} x{k}") if k else None)
     lengths = completion_tokens(tokenizer, texts)
     return score(samples, texts, lengths, time.perf_counter() - t0, sampled)
 
@@ -90,12 +90,10 @@ def evaluate_sharded(workers: list, samples: list[dict], max_new_tokens: int, ba
     t0 = time.perf_counter()
     n, w = len(samples), len(workers)
     bounds = [i * n // w for i in range(w + 1)]
-    shards = [[s["question"] for s in samples[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
-    asks = [[instruction_for(s) for s in samples[lo:hi]] for lo, hi in zip(bounds, bounds[1:])]
-    refs = [a.complete.remote(q, max_new_tokens, batch_size, i)
-            for a, q, i in zip(workers, shards, asks)]
-    sample_refs = ([a.sample.remote(q, max_new_tokens, k, lo, batch_size, i)
-                    for a, q, lo, i in zip(workers, shards, bounds, asks)] if k else [])
+    shards = [samples[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+    refs = [a.complete.remote(q, max_new_tokens, batch_size) for a, q in zip(workers, shards)]
+    sample_refs = ([a.sample.remote(q, max_new_tokens, k, lo, batch_size)
+                    for a, q, lo in zip(workers, shards, bounds)] if k else [])
     pending = refs + sample_refs
     with tqdm(total=len(pending), desc=desc, unit="shard", file=sys.stderr) as bar:
         while pending:
@@ -117,12 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sets", default=None,
                    help="comma-separated held-out sets: arith-1..3, arith-1-unseen..arith-3-"
                         "unseen, gsm8k (overrides --task/--level; prints a models x sets table)")
-    p.add_argument("--task", default=None, choices=["arith", "gsm8k"],
-                   help="held-out task (default arith, or your --data file when given alone)")
+    p.add_argument("--task", default=None, choices=["arith", "gsm8k", "file"],
+                   help="held-out task (default arith, or your --data file when given alone); "
+                        "file: the held-out split of your --data dataset")
     p.add_argument("--level", type=int, default=1, choices=[1, 2, 3], help="arithmetic level")
     p.add_argument("--data", default=None,
                    help="JSONL: alone, every line is scored ({question, answer}); with --task "
-                        "gsm8k or a gsm8k set, the GSM8K file whose held-out part is scored")
+                        "gsm8k or a gsm8k set, the GSM8K file whose held-out part is scored; "
+                        "with --task file, your dataset (JSONL, CSV, Parquet, save_to_disk)")
     p.add_argument("--samples", type=int, default=0,
                    help="also sample K completions per question at temperature 1: pass@1 and "
                         "pass@K (0: greedy only)")
@@ -137,41 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="auto: bf16 on CPUs with AMX/AVX512-bf16")
     p.add_argument("--out", default=None, help="also write the result to this JSON file")
+    add_file_flags(p)
     return p
-
-
-SET_NAMES = ("arith-1", "arith-2", "arith-3", "arith-1-unseen", "arith-2-unseen",
-             "arith-3-unseen", "gsm8k")
-
-
-def heldout_sets(spec: str, n: int, data: str | None) -> dict[str, list[dict]]:
-    """Parse `arith-1,arith-1-unseen,gsm8k,arith-2-boxed` into named held-out sets of up to n
-    problems; a set name may end in an answer style (`rewards.styles`)."""
-    sets = {}
-    for name in [s.strip() for s in spec.split(",") if s.strip()]:
-        base, _, style = name.rpartition("-")
-        if style not in STYLES or base not in SET_NAMES:
-            base, style = name, None
-        if base not in SET_NAMES:
-            raise ValueError(f"--sets: {name!r} must be one of {', '.join(SET_NAMES)}, "
-                             f"optionally ending in -STYLE ({', '.join(STYLES)})")
-        if base == "gsm8k":
-            sets[name] = make_task("gsm8k", 0, data, style=style).heldout(n)
-            continue
-        level, split = int(base.split("-")[1]), "unseen" if base.endswith("unseen") else "seen"
-        sets[name] = make_task("arith", level, style=style).heldout(n, split)
-    return sets
-
-
-def requested_sets(args) -> dict[str, list[dict]]:
-    """The sets the CLI asks for: --sets, else a user's --data file, else --task/--level."""
-    if args.sets:
-        return heldout_sets(args.sets, args.n, args.data)
-    if args.data and args.task is None:
-        return {os.path.splitext(os.path.basename(args.data))[0]: read_eval_file(args.data)}
-    if args.task == "gsm8k":
-        return heldout_sets("gsm8k", args.n, args.data)
-    return heldout_sets(f"arith-{args.level}", args.n, None)
 
 
 def table(results: list[dict], sets: list[str], key: str = "accuracy") -> str:

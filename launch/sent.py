@@ -3,7 +3,8 @@
 For each of the first `curriculum.sent_pool` training prompts of a stage the workers sample
 M = `curriculum.sent_samples` completions at temperature 1; the prompt's difficulty is the
 entropy of its answer clusters (rewards/sent.py). The order (easy -> hard) is cached under
-`~/.cache/homerl/sent/` keyed by model, task, level, data file, seed, M and pool size.
+`~/.cache/homerl/sent/` keyed by model, task, level, data file, seed, M and pool size (a file
+stage's key also holds its path and the curriculum's field mapping, verifier and prompts).
 
     python -m launch.train --preset cpu-demo --curriculum.sent true
 """
@@ -29,6 +30,10 @@ def cache_key(cfg, stage) -> str:
     c = cfg.curriculum
     parts = [cfg.model.name, stage.task, str(stage.level), c.data_path, str(cfg.run.seed),
              str(c.sent_samples), str(c.sent_pool)]
+    if stage.task == "file":  # what the prompts are made of
+        parts += [stage.data_path or c.data_path, c.prompt_field, c.answer_field, c.verifier,
+                  c.system_prompt, c.instruction, c.heldout_path, str(c.heldout_size),
+                  str(c.heldout_seed), stage.style]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

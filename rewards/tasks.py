@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from rewards.arith import ArithmeticTask
+from rewards.filetask import FileOptions, FileTask
 from rewards.gsm8k import DatasetError, GSM8KTask
 from rewards.styles import DEFAULT_STYLE, STYLES, get_style
 
@@ -33,16 +34,19 @@ __all__ = [
     "StyledTask",
     "ArithmeticTask",
     "DatasetError",
+    "FileOptions",
+    "FileTask",
     "GSM8KTask",
     "Task",
     "format_prompt",
     "instruction_for",
     "make_task",
+    "prompt_text",
 ]
 
 # The default answer style's; rewards.verifiers.ANSWER_FORMAT awards its format score.
 INSTRUCTION = STYLES[DEFAULT_STYLE].instruction
-TASK_NAMES = ("arith", "gsm8k")
+TASK_NAMES = ("arith", "gsm8k", "file")
 
 
 class Task(Protocol):
@@ -60,13 +64,19 @@ class Task(Protocol):
 
 
 def make_task(name: str, level: int = 1, data_path: str | None = None, seed: int = 0,
-              style: str | None = None) -> Task:
-    """Build a task by name: "arith" uses `level`, "gsm8k" uses `data_path`; a `style` other
-    than the default makes its samples ask for that answer line (`rewards.styles`)."""
+              style: str | None = None, file_options: FileOptions | None = None) -> Task:
+    """Build a task by name: "arith" uses `level`, "gsm8k" uses `data_path`, "file" uses
+    `data_path` and `file_options` (its field mapping, verifier and held-out split; default
+    `FileOptions()`); a `style` other than the default makes its samples ask for that answer
+    line (`rewards.styles`)."""
     if name == "arith":
         task = ArithmeticTask(level=level, seed=seed)
     elif name == "gsm8k":
         task = GSM8KTask(data_path, seed=seed)
+    elif name == "file":
+        if not data_path:
+            raise DatasetError("task file needs a dataset path (curriculum.data_path)")
+        task = FileTask(data_path, file_options, seed=seed)
     else:
         raise ValueError(f"unknown task {name!r}; allowed: {', '.join(TASK_NAMES)}")
     style = get_style(style).name
@@ -91,8 +101,58 @@ class StyledTask:
 
 
 def instruction_for(sample: dict) -> str:
-    """The instruction a sample's prompt ends with: its answer style's."""
+    """The instruction a sample's prompt ends with: its own "instruction" if it has one, else
+    its verifier's answer-line instruction (`rewards.registry`) for a verifier other than
+    numeric, else its answer style's (numeric)."""
+    if "instruction" in sample:
+        return sample["instruction"]
+    verifier = sample.get("verifier") or "numeric"
+    if verifier != "numeric":
+        from rewards.registry import instruction  # lazy: the registry imports this package
+
+        return instruction(verifier)
     return get_style(sample.get("style")).instruction
+
+
+def prompt_text(tokenizer: object, sample: dict) -> str:
+    """The prompt text of `sample`, as the policy sees it in training and evaluation.
+
+    With a chat template: the sample's "system" message if it has one (unless its own
+    "messages" start with one), then its "messages" (a chat sample; an explicit "instruction"
+    is added to the last user message) or one user message `question + "\\n" + instruction`.
+    Without one (base models): the same as plain text. Arithmetic and GSM8K samples give
+    exactly `format_prompt(tokenizer, question, instruction_for(sample))`.
+    """
+    system = sample.get("system") or ""
+    if "messages" not in sample and not system:
+        return format_prompt(tokenizer, sample["question"], instruction_for(sample))
+    if "messages" in sample:
+        messages = [dict(m) for m in sample["messages"]]
+        if sample.get("instruction"):
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last]["content"] += "\n" + sample["instruction"]
+    else:
+        ask = instruction_for(sample)
+        messages = [{"role": "user",
+                     "content": f"{sample['question']}\n{ask}" if ask else sample["question"]}]
+    if system and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system}, *messages]
+    if getattr(tokenizer, "chat_template", None):
+        return _apply_template(tokenizer, messages)
+    if "messages" not in sample:  # today's plain prompt, after the system text
+        return f"{system}\n\n" + format_prompt(tokenizer, sample["question"],
+                                                instruction_for(sample))
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "Assistant:"])
+
+
+def _apply_template(tokenizer: object, messages: list[dict]) -> str:
+    prompt = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    if not isinstance(prompt, str):
+        raise TypeError(f"apply_chat_template returned {type(prompt).__name__}, not str")
+    return prompt
 
 
 def format_prompt(tokenizer: object, question: str, instruction: str = INSTRUCTION) -> str:
@@ -103,11 +163,6 @@ def format_prompt(tokenizer: object, question: str, instruction: str = INSTRUCTI
     duck-typed: anything with ``chat_template`` and ``apply_chat_template`` works.
     """
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": f"{question}\n{instruction}"}]
-        prompt = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        if not isinstance(prompt, str):
-            raise TypeError(f"apply_chat_template returned {type(prompt).__name__}, not str")
-        return prompt
+        content = f"{question}\n{instruction}"
+        return _apply_template(tokenizer, [{"role": "user", "content": content}])
     return f"Question: {question}\n{instruction}\n"
