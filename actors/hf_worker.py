@@ -101,7 +101,7 @@ class HFRolloutWorker(RolloutWorker):
         self.version = 0
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""
-        self.verifier = VerifierPool()
+        self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
         overridden = model_overrides(read_generation_config(path), cfg.rollout.temperature)
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "

@@ -9,7 +9,7 @@ import numpy as np
 
 from common.memory import Footprint, footprint
 from common.types import RolloutBatch
-from rewards import format_prompt, instruction_for
+from rewards import prompt_text
 from rewards.shaping import combine, format_bonus
 
 
@@ -21,7 +21,7 @@ def encode_prompts(tokenizer, prompts: list[dict], limit: int):
     """
     keep, skipped, ids = [], [], []
     for i, p in enumerate(prompts):
-        text = format_prompt(tokenizer, p["question"], instruction_for(p))
+        text = prompt_text(tokenizer, p)  # chat template, system message, instruction
         toks = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not p["question"].strip():
             skipped.append({"index": i, "id": p.get("id"), "reason": "empty_prompt"})
@@ -61,12 +61,14 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in keep for _ in range(group_size)]
     styles = [prompts[i].get("style") for i in index]
+    checks = [prompts[i].get("verifier") for i in index]  # None: numeric
     results = worker.verifier.score(texts, [prompts[i]["answer"] for i in index],
-                                    timeout_s=worker.cfg.rollout.reward_timeout_s, styles=styles)
+                                    timeout_s=worker.cfg.rollout.reward_timeout_s, styles=styles,
+                                    verifiers=checks)
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
     bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
-                         worker.cfg.reward.other_tag_bonus, styles)             # fmt
+                         worker.cfg.reward.other_tag_bonus, styles, checks)     # fmt
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,

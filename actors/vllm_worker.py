@@ -163,7 +163,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.adapter = None
         self.adapter_seq = 0
         self.version = 0
-        self.verifier = VerifierPool()
+        self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
         self.load_s = 0.0
 
     def _lease(self) -> Lease | NoLease:

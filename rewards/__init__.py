@@ -6,21 +6,31 @@ Nothing here imports torch, ray or transformers; tokenizers are duck-typed.
   (pure, never raises); `python -m rewards.verify` is the command-line scorer.
 - `VerifierPool` / `score_completions` score batches in a worker process with
   hard per-item time limits; use these in training.
-- `make_task` builds "arith" or "gsm8k" tasks; `format_prompt` builds prompts.
+- `VERIFIERS` (`rewards.registry`): the built-in verifiers by name (numeric, exact, choice,
+  regex, python-tests); `check_isolation` / `require_isolation` say whether python-tests can
+  isolate completions' code here (`rewards.codecheck`).
+- `make_task` builds "arith", "gsm8k" or "file" (a user's dataset, `rewards.filetask`) tasks;
+  `prompt_text` builds a sample's prompt (`format_prompt`: a question's).
 """
 
+from rewards.codecheck import IsolationError, check_isolation, require_isolation
 from rewards.parsing import extract_answer, normalize_answer
+from rewards.registry import VERIFIERS
+from rewards.registry import instruction as verifier_instruction
 from rewards.sandbox import VerifierPool, score_completions
 from rewards.tasks import (
     INSTRUCTION,
     TASK_NAMES,
     ArithmeticTask,
     DatasetError,
+    FileOptions,
+    FileTask,
     GSM8KTask,
     Task,
     format_prompt,
     instruction_for,
     make_task,
+    prompt_text,
 )
 from rewards.verifiers import (
     ANSWER_FORMAT,
@@ -29,7 +39,10 @@ from rewards.verifiers import (
     ERROR_CODES,
     MAX_COMPLETION_CHARS,
     NO_ANSWER,
+    NO_CODE,
+    NO_SANDBOX,
     NON_UTF8,
+    OUT_OF_MEMORY,
     TIMEOUT,
     TOO_LONG,
     VERIFIER_CRASH,
@@ -50,16 +63,24 @@ __all__ = [
     "MAX_COMPLETION_CHARS",
     "NON_UTF8",
     "NO_ANSWER",
+    "NO_CODE",
+    "NO_SANDBOX",
+    "OUT_OF_MEMORY",
     "TASK_NAMES",
     "TIMEOUT",
     "TOO_LONG",
+    "VERIFIERS",
     "VERIFIER_CRASH",
     "ArithmeticTask",
     "DatasetError",
+    "FileOptions",
+    "FileTask",
     "GSM8KTask",
+    "IsolationError",
     "RewardResult",
     "Task",
     "VerifierPool",
+    "check_isolation",
     "extract_answer",
     "format_prompt",
     "format_score",
@@ -67,6 +88,9 @@ __all__ = [
     "is_equivalent",
     "make_task",
     "normalize_answer",
+    "prompt_text",
+    "require_isolation",
     "score_completions",
+    "verifier_instruction",
     "verify_completion",
 ]

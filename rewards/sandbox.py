@@ -8,6 +8,11 @@ back one by one, giving every item its own deadline. An item that overruns gets
 a ``timeout`` result; the worker is killed and replaced, and the rest of the
 batch is scored by the fresh worker.
 
+Items may name a built-in verifier (`rewards.registry`); the worker dispatches on the name,
+and the item's deadline is that verifier's own where it needs longer (python-tests). The
+worker runs under an address-space limit (RLIMIT_AS, `DEFAULT_MEMORY_BYTES`): an item that
+exhausts it gets ``out_of_memory`` and the worker is replaced, like a timeout.
+
 ``spawn`` would re-import the parent's ``__main__`` module in the worker; the worker needs
 none of it (in a Ray actor that is Ray's worker script: 0.08 GiB of imports for a verifier
 that needs 0.02), so `_without_main` hides it while the worker starts.
@@ -21,6 +26,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import threading
@@ -28,11 +34,22 @@ import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 
-from rewards.verifiers import TIMEOUT, VERIFIER_CRASH, RewardResult, error_result, verify
+from rewards import codecheck
+from rewards.registry import VERIFIERS, item_timeout
+from rewards.verifiers import (
+    OUT_OF_MEMORY,
+    TIMEOUT,
+    VERIFIER_CRASH,
+    RewardResult,
+    error_result,
+    verify,
+)
 
 VerifyFn = Callable[..., RewardResult]  # (completion, answer[, style]) -> result
 
 STARTUP_TIMEOUT_S = 60.0  # generous: a cold start imports sympy
+DEFAULT_MEMORY_BYTES = 2 * 2**30
+"""the verifier process's address-space limit (it needs ~0.1 GiB with sympy loaded)"""
 KILL_GRACE_S = 0.5  # time between SIGTERM and SIGKILL
 # Scored once at worker start so the sympy import is not charged to the first item.
 _WARMUP_ITEM = ("\\boxed{\\sqrt{4}}", "2")
@@ -45,12 +62,35 @@ class _DropTimeoutNotice(logging.Filter):
         return not record.getMessage().startswith("Timeout is disabled")
 
 
-def _worker_main(conn: Connection, verify_fn: VerifyFn) -> None:
-    """Worker loop: warm up, say "ready", then score batches until the pipe closes."""
+def _score_one(verify_fn: VerifyFn, completion: object, answer: object, style: str | None,
+               verifier: str | None) -> RewardResult:
+    """One item: by the named built-in verifier, else by the pool's `verify_fn`."""
+    if verifier is not None:
+        return VERIFIERS[verifier](completion, answer, style)
+    # a style only when one was asked for: injected verify_fns take two arguments
+    return verify_fn(completion, answer) if style is None else verify_fn(completion, answer, style)
+
+
+def _limit_memory(limit_bytes: int | None) -> None:
+    """Cap this process's address space at `limit_bytes` (never above the inherited cap)."""
+    if limit_bytes is None:
+        return
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit_bytes = min(limit_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def _worker_main(conn: Connection, verify_fn: VerifyFn, memory_bytes: int | None = None,
+                 unsandboxed_code: bool = False) -> None:
+    """Worker loop: warm up, say "ready", then score batches until the pipe closes (or an
+    item runs out of memory: then it reports that item and exits, to be replaced)."""
     # Ctrl-C is the parent's business; it closes our pipe, which ends this loop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_DropTimeoutNotice())
+    _limit_memory(memory_bytes)
+    codecheck.configure(unsandboxed=unsandboxed_code)
     verify_fn(*_WARMUP_ITEM)
     conn.send("ready")
     while True:
@@ -58,13 +98,17 @@ def _worker_main(conn: Connection, verify_fn: VerifyFn) -> None:
             batch = conn.recv()
         except EOFError:
             return
-        for index, completion, answer, style in batch:
-            try:  # a style only when one was asked for: injected verify_fns take two arguments
-                result = (verify_fn(completion, answer) if style is None
-                          else verify_fn(completion, answer, style))
+        for index, completion, answer, style, verifier in batch:
+            try:
+                result = _score_one(verify_fn, completion, answer, style, verifier)
+            except MemoryError:
+                result = None
             except Exception:  # noqa: BLE001 - an injected verify_fn may raise; report per item
                 traceback.print_exc()
                 result = error_result(VERIFIER_CRASH)
+            if result is None:  # out of the frame that held the allocation: memory is back
+                conn.send((index, error_result(OUT_OF_MEMORY)))
+                return
             conn.send((index, result))
 
 
@@ -88,14 +132,19 @@ class VerifierPool:
     """One persistent verifier worker process with per-item hard time limits.
 
     Use as a context manager or call `close()`. Thread-safe: concurrent `score`
-    calls are serialised. `errors` counts "timeout" and "verifier_crash" results;
-    `starts` counts worker (re)starts.
+    calls are serialised. `errors` counts "timeout", "out_of_memory" and "verifier_crash"
+    results; `starts` counts worker (re)starts.
     """
 
-    def __init__(self, verify_fn: VerifyFn = verify, startup_timeout_s: float = STARTUP_TIMEOUT_S):
-        """`verify_fn` must be a picklable top-level function (it is sent to the worker)."""
+    def __init__(self, verify_fn: VerifyFn = verify, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                 memory_bytes: int | None = DEFAULT_MEMORY_BYTES, unsandboxed_code: bool = False):
+        """`verify_fn` must be a picklable top-level function (it is sent to the worker).
+        `memory_bytes`: the worker's address-space limit (None: none). `unsandboxed_code`:
+        python-tests runs completions' code unisolated where it cannot be isolated
+        (reward.unsandboxed_code; see `rewards.codecheck`)."""
         self._verify_fn = verify_fn
         self._startup_timeout_s = startup_timeout_s
+        self._memory_bytes, self._unsandboxed_code = memory_bytes, unsandboxed_code
         self._ctx = multiprocessing.get_context("spawn")
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -125,33 +174,41 @@ class VerifierPool:
     def score(
         self, completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0,
         styles: Sequence[str | None] | None = None,
+        verifiers: Sequence[str | None] | None = None,
     ) -> list[RewardResult]:
         """Score each completion against its reference, each within `timeout_s` seconds;
-        `styles`: the answer style each prompt asked for (`rewards.styles`; None: the default).
+        `styles`: the answer style each prompt asked for (`rewards.styles`; None: the default);
+        `verifiers`: each item's built-in verifier by name (`rewards.registry`; None: this
+        pool's `verify_fn`); a verifier with a longer limit of its own gets that limit.
 
         Results come back in input order. Items that overrun get error "timeout",
-        items whose worker died get "verifier_crash"; scoring then goes on in a
-        fresh worker.
+        items that exhaust the worker's memory "out_of_memory", items whose worker died
+        "verifier_crash"; scoring then goes on in a fresh worker.
         """
-        if len(completions) != len(answers):
-            raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
-        styles = list(styles) if styles is not None else [None] * len(completions)
-        if len(styles) != len(completions):
-            raise ValueError(f"{len(completions)} completions but {len(styles)} styles")
+        n = len(completions)
+        styles = list(styles) if styles is not None else [None] * n
+        verifiers = list(verifiers) if verifiers is not None else [None] * n
+        for what, got in (("answers", answers), ("styles", styles), ("verifiers", verifiers)):
+            if len(got) != n:
+                raise ValueError(f"{n} completions but {len(got)} {what}")
+        unknown = sorted({v for v in verifiers if v is not None and v not in VERIFIERS})
+        if unknown:
+            raise ValueError(f"unknown verifier(s) {unknown}; allowed: {', '.join(VERIFIERS)}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        timeouts = [item_timeout(v, timeout_s) for v in verifiers]
         with self._lock:
             if self._closed:
                 raise RuntimeError("VerifierPool is closed")
-            results: list[RewardResult | None] = [None] * len(completions)
-            pending = list(range(len(completions)))
+            results: list[RewardResult | None] = [None] * n
+            pending = list(range(n))
             while pending:
-                conn = self._send_batch([(i, completions[i], answers[i], styles[i])
+                conn = self._send_batch([(i, completions[i], answers[i], styles[i], verifiers[i])
                                          for i in pending])
-                pending = self._collect(conn, pending, results, timeout_s)
+                pending = self._collect(conn, pending, results, timeouts)
             return results  # type: ignore[return-value]  # every slot is filled
 
-    def _send_batch(self, batch: list[tuple[int, object, object, str | None]]) -> Connection:
+    def _send_batch(self, batch: list[tuple]) -> Connection:
         """Send `batch` to a live worker, restarting it once if it died while idle."""
         for attempt in range(2):
             conn = self._ensure_worker()
@@ -169,16 +226,16 @@ class VerifierPool:
         conn: Connection,
         pending: list[int],
         results: list[RewardResult | None],
-        timeout_s: float,
+        timeouts: list[float],
     ) -> list[int]:
         """Receive results for `pending` in order; return the items still unscored.
 
         The worker handles items sequentially, so the gap between consecutive
-        results is the time spent on one item: each wait gets the full budget.
+        results is the time spent on one item: each wait gets that item's full budget.
         """
         for position, index in enumerate(pending):
             failure = None
-            if not conn.poll(timeout_s):
+            if not conn.poll(timeouts[index]):
                 failure = TIMEOUT
             else:
                 try:
@@ -192,9 +249,12 @@ class VerifierPool:
                 return pending[position + 1 :]
             if got_index != index:
                 raise RuntimeError(f"verifier worker answered item {got_index}, expected {index}")
-            if result.error == VERIFIER_CRASH:
-                self.errors[VERIFIER_CRASH] += 1
+            if result.error in (VERIFIER_CRASH, OUT_OF_MEMORY):
+                self.errors[result.error] += 1
             results[index] = result
+            if result.error == OUT_OF_MEMORY:  # the worker exits after it: score on in a new one
+                self._stop_worker()
+                return pending[position + 1 :]
         return []
 
     def _ensure_worker(self) -> Connection:
@@ -205,7 +265,7 @@ class VerifierPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=_worker_main,
-            args=(child_conn, self._verify_fn),
+            args=(child_conn, self._verify_fn, self._memory_bytes, self._unsandboxed_code),
             name="homerl-verifier",
             daemon=True,
         )
@@ -263,7 +323,9 @@ def _shared_pool() -> VerifierPool:
 
 
 def score_completions(
-    completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0
+    completions: Sequence[object], answers: Sequence[object], timeout_s: float = 2.0,
+    styles: Sequence[str | None] | None = None, verifiers: Sequence[str | None] | None = None,
 ) -> list[RewardResult]:
     """Score a batch with the lazily created process-global `VerifierPool`."""
-    return _shared_pool().score(completions, answers, timeout_s=timeout_s)
+    return _shared_pool().score(completions, answers, timeout_s=timeout_s, styles=styles,
+                                verifiers=verifiers)

@@ -39,18 +39,22 @@ def has_working(text: str) -> bool:
 
 
 def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool,
-                 other_tag: bool = True, styles: list[str | None] | None = None) -> np.ndarray:
+                 other_tag: bool = True, styles: list[str | None] | None = None,
+                 verifiers: list[str | None] | None = None) -> np.ndarray:
     """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
     `needs_working` and a completion has no working before its last line (`has_working`;
-    never for a `one_line` style's sample, `styles[i]`, which asks for no working), and,
-    unless `other_tag`, where its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
+    only for numeric answers, `verifiers[i]` None or "numeric", and never for a `one_line`
+    style's sample, `styles[i]`, which asks for no working), and, unless `other_tag`, where
+    its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
     fmt = np.asarray(fmt, dtype=np.float32)                                         # (N,)
     if not other_tag:
         fmt = np.where(fmt == np.float32(OTHER_TAG_SCORE), np.float32(0.0), fmt)   # (N,)
     if not needs_working:
         return fmt
     styles = styles if styles is not None else [None] * len(texts)
-    worked = [get_style(s).one_line or has_working(t) for t, s in zip(texts, styles)]
+    verifiers = verifiers if verifiers is not None else [None] * len(texts)
+    worked = [get_style(s).one_line or v not in (None, "numeric") or has_working(t)
+              for t, s, v in zip(texts, styles, verifiers)]
     return fmt * np.array(worked, dtype=np.float32)                                 # (N,)
 
 

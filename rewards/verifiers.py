@@ -32,11 +32,15 @@ EMPTY = "empty"  # completion is empty or whitespace only (or None)
 NO_ANSWER = "no_answer"  # no tagged answer and no number anywhere
 TOO_LONG = "too_long"  # longer than MAX_COMPLETION_CHARS; not parsed at all
 NON_UTF8 = "non_utf8"  # bytes that are not UTF-8, unencodable str, or not text at all
-TIMEOUT = "timeout"  # set by rewards.sandbox when the time limit was hit
+TIMEOUT = "timeout"  # a time limit was hit: the sandbox's per item, or python-tests code's
 BAD_REFERENCE = "bad_reference"  # the reference answer itself is unusable
 VERIFIER_CRASH = "verifier_crash"  # a bug in verify, or the sandbox worker died
+OUT_OF_MEMORY = "out_of_memory"  # the verifier process hit its memory limit (rewards.sandbox)
+NO_CODE = "no_code"  # python-tests: the reply holds no code (rewards.codecheck)
+NO_SANDBOX = "no_sandbox"  # python-tests: the code cannot be isolated here, and unisolated is off
 ERROR_CODES = frozenset(
-    {EMPTY, NO_ANSWER, TOO_LONG, NON_UTF8, TIMEOUT, BAD_REFERENCE, VERIFIER_CRASH}
+    {EMPTY, NO_ANSWER, TOO_LONG, NON_UTF8, TIMEOUT, BAD_REFERENCE, VERIFIER_CRASH,
+     OUT_OF_MEMORY, NO_CODE, NO_SANDBOX}
 )
 
 MAX_COMPLETION_CHARS = 20_000
@@ -259,10 +263,13 @@ def verify(completion: str | bytes, answer: str, style: str | None = None) -> Re
     `answer` is a GSM8K solution ending in ``#### N`` or a plain answer string; `style` the
     answer line the prompt asked for (`rewards.styles`, None: "Answer: N").
     Any unexpected exception is logged and reported as ``verifier_crash`` so a
-    bug shows up in the error counts instead of silently as a zero reward.
+    bug shows up in the error counts instead of silently as a zero reward; a MemoryError is
+    left to the verifier pool (`rewards.sandbox`), which counts it as ``out_of_memory``.
     """
     try:
         return _verify(completion, answer, style)
+    except MemoryError:
+        raise
     except Exception:  # noqa: BLE001 - contract: never raise; the code makes it visible
         logger.exception("verify crashed on completion of type %s", type(completion).__name__)
         return error_result(VERIFIER_CRASH)

@@ -12,6 +12,7 @@ from rewards.verifiers import verify
 SLOW = "__slow_item__"  # sleeps far past any test timeout
 CRASH = "__crash_item__"  # kills the worker process outright
 RAISE = "__raise_item__"  # raises inside the worker, which survives
+HOG = "__hog_item__"  # asks for 1 GiB at once (zero pages: nothing is touched without a limit)
 
 
 def marker_verify(completion, answer):
@@ -22,4 +23,7 @@ def marker_verify(completion, answer):
         os._exit(3)
     elif completion == RAISE:
         raise RuntimeError("deliberate failure for tests")
+    elif completion == HOG:
+        hog = bytes(2**30)
+        return verify(f"Answer: {len(hog) // 2**30}", answer)
     return verify(completion, answer)

@@ -11,7 +11,7 @@ from actors.prompts import verified_batch
 from common.config import Config, RewardConfig
 from common.models import load_tokenizer
 from rewards.sandbox import VerifierPool
-from rewards.shaping import has_working
+from rewards.shaping import format_bonus, has_working
 
 
 def test_overlong_penalty_by_hand():
@@ -136,3 +136,12 @@ def test_other_style_tags_pay_nothing_when_the_bonus_is_off():
     cfg, _ = parse_config(["--preset", "tiny", "--reward.other_tag_bonus", "false"])
     assert cfg.reward.other_tag_bonus is False
     assert parse_config(["--preset", "tiny"])[0].reward.other_tag_bonus is True
+
+
+def test_working_is_asked_of_numeric_answers_only():
+    """`format_needs_working` is an arithmetic rule: a one-word exact answer or a choice letter
+    has no working to show, so its format bonus stands."""
+    texts = ["Answer: B", "Answer: 7", "Answer: 7"]
+    fmt = np.ones(3, dtype=np.float32)
+    got = format_bonus(fmt, texts, True, verifiers=["choice", "numeric", None])
+    assert got.tolist() == [1.0, 0.0, 0.0]
