@@ -107,8 +107,10 @@ class VLLMEngine:
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
                  lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_bytes: int | None = None, cpu: bool = False):
-        """`cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill."""
+                 kv_cache_bytes: int | None = None, cpu: bool = False,
+                 block_size: int | None = None):
+        """`cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill;
+        `block_size`: another KV block size (measurements: tools.decode_profile)."""
         import vllm
         from vllm import LLM
 
@@ -129,6 +131,8 @@ class VLLMEngine:
             kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
         if cpu:
             kwargs.update(cpu_layout(max_model_len))
+        if block_size is not None:
+            kwargs.update(block_size=block_size)
         self.llm = LLM(**kwargs)
         self.before_step = None
         """called before every engine step (prefill or decode), in this thread"""

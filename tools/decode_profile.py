@@ -2,6 +2,7 @@
 
     python -m tools.decode_profile                        # vLLM and HF, B = 1 4 8 16 32, 1 thread
     python -m tools.decode_profile --engines hf --batches 16 --new-tokens 64 --json prof.json
+    python -m tools.decode_profile --engines vllm --batches 16 --new-tokens 40 --block-size 128
 
 For each engine and batch size B, rows as a rollout call brings them (B/8 prompts x G=8; B < 8:
 B prompts x 1), every row generates exactly N new tokens (EOS ignored): once with N = 1 and once
@@ -90,7 +91,7 @@ class VLLMRunner:
     """`actors.vllm_engine.VLLMEngine` in this process, set up as the rollout worker sets it."""
 
     def __init__(self, path: str, max_len: int, threads: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, block_size: int | None = None):
         from actors.vllm_engine import VLLMEngine
         from actors.vllm_setup import configure_env
 
@@ -101,7 +102,7 @@ class VLLMRunner:
         self.tok = load_tokenizer(path)
         self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
                                  eager=True, max_model_len=max_len, kv_cache_bytes=2**30,
-                                 cpu=True)
+                                 cpu=True, block_size=block_size)
 
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every completion's)."""
@@ -154,6 +155,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="weights dtype")
     p.add_argument("--threads", type=int, default=1, help="threads of the engine")
     p.add_argument("--repeats", type=int, default=3, help="calls per figure (the best is kept)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="vLLM's KV block size (default: the rollout worker's, 32 on CPU)")
     p.add_argument("--json", default="", help="write every figure here")
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -173,7 +176,7 @@ def main(argv=None) -> int:
           f"{args.new_tokens} new tokens a row", flush=True)
     rows = []
     for name in engines:  # vLLM first: it binds this process's OpenMP threads at start
-        runner = (VLLMRunner(path, 512, args.threads, dtype) if name == "vllm"
+        runner = (VLLMRunner(path, 512, args.threads, dtype, args.block_size) if name == "vllm"
                   else HFEngine(path, args.threads, dtype))
         rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
                         weights, kv_100 / 100, name, compute_tok_s)
