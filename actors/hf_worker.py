@@ -34,7 +34,7 @@ from common.memory import release_free_memory
 from common.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
-from rewards import VerifierPool
+from rewards import RewardFns, VerifierPool
 
 log = logging.getLogger("homerl.rollout")
 
@@ -102,6 +102,7 @@ class HFRolloutWorker(RolloutWorker):
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""
         self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
+        self.reward_fns = RewardFns.of(cfg.reward)  # reward.fn's functions, or None
         overridden = model_overrides(read_generation_config(path), cfg.rollout.temperature)
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "

@@ -1,5 +1,7 @@
 """What the rollout workers share around their engines: prompt encoding (chat format, tokenize,
-refuse, never truncate) and turning sampled tokens into a verified `RolloutBatch`."""
+refuse, never truncate) and turning sampled tokens into a verified `RolloutBatch`: rewarded by
+the sample's verifier and the format bonus, or with `reward.fn` by the reward functions alone
+(`rewards.fnbatch`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import numpy as np
 from common.memory import Footprint, footprint
 from common.types import RolloutBatch
 from rewards import prompt_text
+from rewards.fnbatch import FnScores, verify_samples
 from rewards.shaping import combine, format_bonus
+from rewards.userfns import TrainerState
 
 
 def encode_prompts(tokenizer, prompts: list[dict], limit: int):
@@ -45,13 +49,40 @@ def format_gated(reward_cfg, version: int) -> bool:
     return reward_cfg.format_if_correct or version < reward_cfg.format_gate_steps
 
 
+def verifier_rewards(worker, samples: list[dict], texts: list[str]) -> tuple[list, np.ndarray]:
+    """(N,) each completion's verifier result and (N,) reward: correct + the format bonus."""
+    styles = [s.get("style") for s in samples]
+    checks = [s.get("verifier") for s in samples]  # None: numeric
+    results = worker.verifier.score(texts, [s["answer"] for s in samples],
+                                    timeout_s=worker.cfg.rollout.reward_timeout_s, styles=styles,
+                                    verifiers=checks)
+    correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
+    fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
+    bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
+                         worker.cfg.reward.other_tag_bonus, styles, checks)     # fmt
+    return results, combine(correct, bonus, worker.cfg.rollout.format_weight,
+                            format_gated(worker.cfg.reward, worker.version))
+
+
+def fn_rewards(worker, samples: list[dict], texts: list[str],
+               comps: list) -> tuple[list, FnScores]:
+    """reward.fn: (N,) each completion's verifier result (for the metrics; none without a
+    reference) and the reward functions' scores of the call."""
+    timeout_s = worker.cfg.rollout.reward_timeout_s
+    results = verify_samples(worker.verifier, samples, texts, timeout_s)
+    state = TrainerState(global_step=worker.version, max_steps=worker.cfg.run.steps)
+    return results, worker.reward_fns.score(worker.verifier, samples, texts, comps, results,
+                                            state, timeout_s)
+
+
 def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: list[list[int]],
                    group_size: int, sampled: tuple, skipped: list[dict], t0: float,
                    memory: tuple[Footprint, Footprint]) -> RolloutBatch:
     """Decode and verify G completions per kept prompt; the worker's RolloutBatch.
 
     worker: the calling rollout worker (its tokenizer, verifier, cfg, version, name, and
-    `load_s`: its weight load since the last batch, reported here once and reset).
+    `load_s`: its weight load since the last batch, reported here once and reset;
+    `reward_fns`: its `rewards.fnbatch.RewardFns`, None without reward.fn).
     sampled: (completion ids, behaviour log-probs, entropies, finish reasons), one row per
     completion, prompt-major (row r belongs to kept prompt r // G).
     memory: (the worker's footprint, its verifier's), from `worker_memory`.
@@ -60,23 +91,21 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
     load_s, worker.load_s = worker.load_s, 0.0  # the first batch after a load reports it
     texts = worker.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in keep for _ in range(group_size)]
-    styles = [prompts[i].get("style") for i in index]
-    checks = [prompts[i].get("verifier") for i in index]  # None: numeric
-    results = worker.verifier.score(texts, [prompts[i]["answer"] for i in index],
-                                    timeout_s=worker.cfg.rollout.reward_timeout_s, styles=styles,
-                                    verifiers=checks)
-    correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
-    fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
-    bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
-                         worker.cfg.reward.other_tag_bonus, styles, checks)     # fmt
+    samples = [prompts[i] for i in index]
+    fns = None
+    if getattr(worker, "reward_fns", None) is not None:
+        results, fns = fn_rewards(worker, samples, texts, comps)
+        rewards = fns.rewards
+    else:
+        results, rewards = verifier_rewards(worker, samples, texts)
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
-        correct=correct, format_score=fmt,
-        rewards=combine(correct, bonus, worker.cfg.rollout.format_weight,
-                        format_gated(worker.cfg.reward, worker.version)),
-        reward_errors=[r.error for r in results], answers=[r.parsed for r in results],
-        version=worker.version, num_prompts=len(prompts),
+        correct=np.array([r.score for r in results], dtype=np.float32),
+        format_score=np.array([r.format_score for r in results], dtype=np.float32),
+        rewards=rewards, reward_errors=[r.error for r in results],
+        answers=[r.parsed for r in results], version=worker.version, num_prompts=len(prompts),
         gen_time_s=time.perf_counter() - t0, load_s=load_s, worker=worker.name, memory=memory[0],
-        verifier_memory=memory[1],
-        skipped=skipped)
+        verifier_memory=memory[1], skipped=skipped,
+        fn_scores=fns.per_fn if fns else {}, fn_errors=fns.errors if fns else {},
+        fn_logged=fns.logged if fns else {})

@@ -105,7 +105,7 @@ from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, WeightUpdate
-from rewards import VerifierPool
+from rewards import RewardFns, VerifierPool
 
 log = logging.getLogger("homerl.rollout")
 
@@ -164,6 +164,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.adapter_seq = 0
         self.version = 0
         self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
+        self.reward_fns = RewardFns.of(cfg.reward)  # reward.fn's functions, or None
         self.load_s = 0.0
 
     def _lease(self) -> Lease | NoLease:

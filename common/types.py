@@ -11,6 +11,7 @@ Arrays are numpy so Ray moves them without copies; ragged rows are lists of arra
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -67,7 +68,8 @@ class RolloutBatch:
     format_score: np.ndarray
     """(N,) format score in [0, 1]"""
     rewards: np.ndarray
-    """(N,) correct + format_weight * format_score"""
+    """(N,) correct + format_weight * format_score; with reward.fn the functions' weighted
+    sum, NaN where none of them applied (unscorable)"""
     reward_errors: list[str | None]
     """(N,) verifier error code, None when the completion parsed"""
     version: int
@@ -91,6 +93,12 @@ class RolloutBatch:
     """its verifier process's part of `memory`"""
     skipped: list[dict] = field(default_factory=list)
     """prompts refused before generation (e.g. longer than max_prompt_tokens), with reason"""
+    fn_scores: dict[str, list[float | None]] = field(default_factory=dict)
+    """reward.fn: {function name: (N,) its rewards}, None where it did not apply"""
+    fn_errors: dict[str, int] = field(default_factory=dict)
+    """reward.fn: {error code: completions that got it}, summed over the functions"""
+    fn_logged: dict[str, list[float]] = field(default_factory=dict)
+    """reward.fn: the values the functions gave log_metric, by name"""
 
     @property
     def num_tokens(self) -> int:
@@ -107,7 +115,9 @@ class RolloutBatch:
             sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
             num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
             lent_share=self.lent_share, load_s=self.load_s, memory={self.worker: self.memory},
-            verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped))
+            verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped),
+            fn_scores=dict(self.fn_scores), fn_errors=dict(self.fn_errors),
+            fn_logged=dict(self.fn_logged))
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ class RolloutSummary:
     """A RolloutBatch without its tokens: what the driver holds (rewards, lengths, counts)."""
 
     rewards: np.ndarray
-    """(N,) rewards"""
+    """(N,) rewards (NaN: unscorable, reward.fn)"""
     correct: np.ndarray
     """(N,) verified correctness"""
     format_score: np.ndarray
@@ -152,6 +162,12 @@ class RolloutSummary:
     """refused prompts with reasons"""
     sample_index: list[int] = field(default_factory=list)
     """rows of `sample_texts` (filled by concat; empty: rows 0, 1, ...)"""
+    fn_scores: dict[str, list[float | None]] = field(default_factory=dict)
+    """reward.fn: {function name: (N,) its rewards} (RolloutBatch)"""
+    fn_errors: dict[str, int] = field(default_factory=dict)
+    """reward.fn: {error code: completions that got it}"""
+    fn_logged: dict[str, list[float]] = field(default_factory=dict)
+    """reward.fn: log_metric values by name"""
 
     @property
     def num_tokens(self) -> int:
@@ -185,14 +201,18 @@ class RolloutSummary:
             worker=",".join(p.worker for p in parts),
             memory={k: v for p in parts for k, v in p.memory.items()},
             verifier_memory={k: v for p in parts for k, v in p.verifier_memory.items()},
-            skipped=join("skipped"))
+            skipped=join("skipped"), fn_scores=_join_fn_scores(parts),
+            fn_errors=dict(sum((Counter(p.fn_errors) for p in parts), Counter())),
+            fn_logged={k: [v for p in parts for v in p.fn_logged.get(k, [])]
+                       for k in dict.fromkeys(k for p in parts for k in p.fn_logged)})
 
     def metrics(self) -> dict:
         """The step's rollout metrics (common.metrics names)."""
-        errors = [e for e in self.reward_errors if e]
+        errors = Counter(e for e in self.reward_errors if e) + Counter(self.fn_errors)
         n = max(len(self.lengths), 1)
+        scored = np.asarray(self.rewards)[~np.isnan(self.rewards)]  # reward.fn: NaN unscorable
         out = {
-            M.REWARD_MEAN: float(np.mean(self.rewards)) if len(self.rewards) else 0.0,
+            M.REWARD_MEAN: float(np.mean(scored)) if len(scored) else 0.0,
             M.REWARD_CORRECT: float(np.mean(self.correct)) if len(self.correct) else 0.0,
             M.REWARD_FORMAT: float(np.mean(self.format_score)) if len(self.rewards) else 0.0,
             M.REWARD_STRICT: (float(np.mean(np.asarray(self.correct) * (np.asarray(
@@ -207,11 +227,33 @@ class RolloutSummary:
             M.WEIGHT_LOAD_S: self.load_s,
             M.ROLLOUT_VERSION: self.version,
             M.ROLLOUT_SKIPPED: len(self.skipped),
-            M.REWARD_ERRORS: len(errors),
+            M.REWARD_ERRORS: sum(errors.values()),
         }
-        for code in sorted(set(errors)):
-            out[f"{M.REWARD_ERROR_PREFIX}{code}"] = errors.count(code)
+        for code in sorted(errors):
+            out[f"{M.REWARD_ERROR_PREFIX}{code}"] = errors[code]
+        return out | self._fn_metrics()
+
+    def _fn_metrics(self) -> dict:
+        """reward.fn: each function's mean where it applied, the log_metric means, and how
+        many completions were unscorable; {} without reward functions."""
+        out = {}
+        for name, values in self.fn_scores.items():
+            applied = [v for v in values if v is not None]
+            if applied:
+                out[f"{M.REWARD_FN_PREFIX}{name}"] = float(np.mean(applied))
+        for name, values in self.fn_logged.items():
+            if values:
+                out[f"{M.REWARD_LOGGED_PREFIX}{name}"] = float(np.mean(values))
+        if self.fn_scores:
+            out[M.REWARD_UNSCORABLE] = int(np.isnan(self.rewards).sum())
         return out
+
+
+def _join_fn_scores(parts: list[RolloutSummary]) -> dict[str, list[float | None]]:
+    """The shares' per-function rewards joined in order (None for a share without one)."""
+    names = dict.fromkeys(k for p in parts for k in p.fn_scores)
+    return {k: [v for p in parts for v in p.fn_scores.get(k, [None] * len(p.lengths))]
+            for k in names}
 
 
 @dataclass(frozen=True)

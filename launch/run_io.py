@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -326,12 +327,16 @@ def plot_curves(run_dir: str, rows: list[dict]) -> str | None:
 
 
 def sample_rows(summary: RolloutSummary, prompts: list[dict]) -> list[dict]:
-    """samples.jsonl rows: the completions whose text the workers sent back."""
+    """samples.jsonl rows: the completions whose text the workers sent back (with reward.fn,
+    each function's reward too; an unscorable completion's reward is null)."""
     rows = []
     for i, text in zip(summary.sample_index or range(len(summary.sample_texts)),
                        summary.sample_texts):
         p = prompts[summary.prompt_index[i]]
+        reward = float(summary.rewards[i])
         rows.append({"question": p["question"], "answer": p["answer"], "completion": text,
-                     "reward": float(summary.rewards[i]), "correct": float(summary.correct[i]),
-                     "error": summary.reward_errors[i]})
+                     "reward": None if math.isnan(reward) else reward,
+                     "correct": float(summary.correct[i]), "error": summary.reward_errors[i]})
+        if summary.fn_scores:
+            rows[-1]["fn"] = {name: scores[i] for name, scores in summary.fn_scores.items()}
     return rows

@@ -55,7 +55,7 @@ from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
 from launch.sent import stage_order
 from launch.supervise import LearnerLostError, run_supervised
 from learner.advantages import plan_step
-from rewards import DatasetError
+from rewards import DatasetError, check_reward_fns
 
 log = logging.getLogger("homerl.train")
 
@@ -92,8 +92,8 @@ class Trainer:
         self.checkpoint_failures = 0
         refuse_missing_gpu(cfg)  # seconds, not the minutes a dataset or model load would take
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
-        self.trained_stage = 0
-        self.tag = os.path.basename(os.path.normpath(run_dir))
+        check_reward_fns(cfg.reward)  # so does a reward.fn that cannot be imported
+        self.trained_stage, self.tag = 0, os.path.basename(os.path.normpath(run_dir))
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
         # an unreadable checkpoint fails here too, unless an older one is readable
         ckpt = run_io.newest_readable(run_io.list_checkpoints(run_dir)) if resume else None

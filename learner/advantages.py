@@ -4,6 +4,9 @@
 
 GRPO (Shao et al. 2024, "DeepSeekMath"), scale="std":   A_i = (r_i - mean(r)) / (std(r) + eps)
 Dr. GRPO (Liu et al. 2025), scale="none":                A_i =  r_i - mean(r)
+
+A NaN reward is an unscorable completion (reward.fn: every function returned None): as in TRL's
+GRPOTrainer it is left out of its group's mean and std, and its advantage is 0.
 """
 
 from __future__ import annotations
@@ -28,22 +31,43 @@ def _rows(rewards) -> np.ndarray:
 
 
 def _all_equal_rows(rewards: np.ndarray) -> np.ndarray:
-    """(B, G) -> (B,) bool: True where every reward in the row equals the first one."""
-    return (rewards == rewards[:, :1]).all(axis=1)
+    """(B, G) -> (B,) bool: True where every scorable (not NaN) reward in the row is the same
+    (a row with one scorable reward, or none, too)."""
+    scored = ~np.isnan(rewards)                                                    # (B, G)
+    low = np.where(scored, rewards, np.inf).min(axis=1)                            # (B,)
+    high = np.where(scored, rewards, -np.inf).max(axis=1)                          # (B,)
+    return high <= low
+
+
+def _centered_nan(r: np.ndarray, scale: str, eps: float) -> np.ndarray:
+    """(B, G) advantages of rewards with NaNs: mean and (Bessel) std over each row's scorable
+    rewards only, 0 at the NaNs (what TRL's nanmean / nanstd / nan_to_num give)."""
+    scored = ~np.isnan(r)                                                          # (B, G)
+    n = scored.sum(axis=1, keepdims=True)                                          # (B, 1)
+    mean = np.where(scored, r, 0).sum(axis=1, keepdims=True) / np.maximum(n, 1)    # (B, 1)
+    centered = np.where(scored, r - mean, 0)                                       # (B, G)
+    if scale == "std":
+        var = (centered ** 2).sum(axis=1, keepdims=True) / np.maximum(n - STD_CORRECTION, 1)
+        centered = centered / (np.sqrt(var) + eps)
+    return centered.astype(r.dtype)
 
 
 def group_advantages(rewards, scale: str = "std", eps: float = 1e-4) -> np.ndarray:
     """Group-relative advantages of (B, G) rewards, same dtype (ints become float32).
 
     Rows whose rewards are all equal carry no learning signal and get exactly 0 (also avoids
-    a NaN std when G == 1).
+    a NaN std when G == 1). NaN rewards (unscorable) are left out of their row's mean and std
+    and get 0.
     """
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale={scale!r} is not supported; allowed values: {ADVANTAGE_SCALES}")
     r = _rows(rewards)
-    centered = r - r.mean(axis=1, keepdims=True)                                  # (B, G)
-    if scale == "std" and r.shape[1] > 1:  # G == 1: std undefined, the row is flat anyway
-        centered = centered / (r.std(axis=1, keepdims=True, ddof=STD_CORRECTION) + eps)
+    if np.isnan(r).any():  # unscorable completions (reward.fn)
+        centered = _centered_nan(r, scale, eps)                                    # (B, G)
+    else:
+        centered = r - r.mean(axis=1, keepdims=True)                              # (B, G)
+        if scale == "std" and r.shape[1] > 1:  # G == 1: std undefined, the row is flat anyway
+            centered = centered / (r.std(axis=1, keepdims=True, ddof=STD_CORRECTION) + eps)
     # mean() of identical floats can round away from the value itself: force exact zeros
     return np.where(_all_equal_rows(r)[:, None], np.zeros_like(centered), centered)
 

@@ -9,11 +9,14 @@ Nothing here imports torch, ray or transformers; tokenizers are duck-typed.
 - `VERIFIERS` (`rewards.registry`): the built-in verifiers by name (numeric, exact, choice,
   regex, python-tests); `check_isolation` / `require_isolation` say whether python-tests can
   isolate completions' code here (`rewards.codecheck`).
+- `RewardFns` (`rewards.fnbatch`): `reward.fn`, reward functions in TRL's convention
+  (`rewards.userfns`), called in the verifier process; `check_reward_fns` checks the specs.
 - `make_task` builds "arith", "gsm8k" or "file" (a user's dataset, `rewards.filetask`) tasks;
   `prompt_text` builds a sample's prompt (`format_prompt`: a question's).
 """
 
 from rewards.codecheck import IsolationError, check_isolation, require_isolation
+from rewards.fnbatch import FnScores, RewardFns, check_reward_fns
 from rewards.parsing import extract_answer, normalize_answer
 from rewards.registry import VERIFIERS
 from rewards.registry import instruction as verifier_instruction
@@ -32,11 +35,15 @@ from rewards.tasks import (
     make_task,
     prompt_text,
 )
+from rewards.userfns import TrainerState
 from rewards.verifiers import (
     ANSWER_FORMAT,
     BAD_REFERENCE,
     EMPTY,
     ERROR_CODES,
+    FN_BAD_OUTPUT,
+    FN_ERROR,
+    FN_TIMEOUT,
     MAX_COMPLETION_CHARS,
     NO_ANSWER,
     NO_CODE,
@@ -59,6 +66,9 @@ __all__ = [
     "BAD_REFERENCE",
     "EMPTY",
     "ERROR_CODES",
+    "FN_BAD_OUTPUT",
+    "FN_ERROR",
+    "FN_TIMEOUT",
     "INSTRUCTION",
     "MAX_COMPLETION_CHARS",
     "NON_UTF8",
@@ -75,12 +85,16 @@ __all__ = [
     "DatasetError",
     "FileOptions",
     "FileTask",
+    "FnScores",
     "GSM8KTask",
     "IsolationError",
+    "RewardFns",
     "RewardResult",
     "Task",
+    "TrainerState",
     "VerifierPool",
     "check_isolation",
+    "check_reward_fns",
     "extract_answer",
     "format_prompt",
     "format_score",

@@ -13,6 +13,11 @@ and the item's deadline is that verifier's own where it needs longer (python-tes
 worker runs under an address-space limit (RLIMIT_AS, `DEFAULT_MEMORY_BYTES`): an item that
 exhausts it gets ``out_of_memory`` and the worker is replaced, like a timeout.
 
+The same process calls a user's reward functions (`reward.fn`, TRL's convention,
+`rewards.userfns`) with `VerifierPool.call_fn`: one call per batch, with a deadline of its own;
+a call that overruns gets ``fn_timeout`` and one that runs out of memory ``out_of_memory`` (the
+worker is replaced), one that raises ``fn_error``.
+
 ``spawn`` would re-import the parent's ``__main__`` module in the worker; the worker needs
 none of it (in a Ray actor that is Ray's worker script: 0.08 GiB of imports for a verifier
 that needs 0.02), so `_without_main` hides it while the worker starts.
@@ -36,7 +41,10 @@ from multiprocessing.connection import Connection
 
 from rewards import codecheck
 from rewards.registry import VERIFIERS, item_timeout
+from rewards.userfns import FnCall, FnOutcome, failed, run_call
 from rewards.verifiers import (
+    FN_ERROR,
+    FN_TIMEOUT,
     OUT_OF_MEMORY,
     TIMEOUT,
     VERIFIER_CRASH,
@@ -98,6 +106,10 @@ def _worker_main(conn: Connection, verify_fn: VerifyFn, memory_bytes: int | None
             batch = conn.recv()
         except EOFError:
             return
+        if isinstance(batch, FnCall):
+            if not _serve_fn(conn, batch):
+                return
+            continue
         for index, completion, answer, style, verifier in batch:
             try:
                 result = _score_one(verify_fn, completion, answer, style, verifier)
@@ -110,6 +122,20 @@ def _worker_main(conn: Connection, verify_fn: VerifyFn, memory_bytes: int | None
                 conn.send((index, error_result(OUT_OF_MEMORY)))
                 return
             conn.send((index, result))
+
+
+def _serve_fn(conn: Connection, call: FnCall) -> bool:
+    """Answer one reward-function call; False when it ran out of memory (the worker then
+    exits, to be replaced)."""
+    try:
+        outcome = run_call(call)
+    except MemoryError:
+        outcome = None
+    if outcome is None:  # out of the frame that held the allocation: memory is back
+        conn.send(failed(OUT_OF_MEMORY, "ran out of the verifier process's memory limit"))
+        return False
+    conn.send(outcome)
+    return True
 
 
 @contextlib.contextmanager
@@ -131,9 +157,9 @@ def _without_main():
 class VerifierPool:
     """One persistent verifier worker process with per-item hard time limits.
 
-    Use as a context manager or call `close()`. Thread-safe: concurrent `score`
+    Use as a context manager or call `close()`. Thread-safe: concurrent `score` and `call_fn`
     calls are serialised. `errors` counts "timeout", "out_of_memory" and "verifier_crash"
-    results; `starts` counts worker (re)starts.
+    results, and the reward functions' "fn_*" failures; `starts` counts worker (re)starts.
     """
 
     def __init__(self, verify_fn: VerifyFn = verify, startup_timeout_s: float = STARTUP_TIMEOUT_S,
@@ -208,7 +234,41 @@ class VerifierPool:
                 pending = self._collect(conn, pending, results, timeouts)
             return results  # type: ignore[return-value]  # every slot is filled
 
-    def _send_batch(self, batch: list[tuple]) -> Connection:
+    def call_fn(self, spec: str, kwargs: dict | None, timeout_s: float) -> FnOutcome:
+        """Call reward function `spec` ("module:function") with `kwargs` (`rewards.userfns`)
+        in the worker, within `timeout_s` seconds (its first import included); kwargs None:
+        only import it, to check it. A fault of the function is an outcome, never an exception
+        here: one that overruns gets "fn_timeout", one that exhausts the worker's memory
+        "out_of_memory" (both replace the worker), one that raises "fn_error"."""
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("VerifierPool is closed")
+            conn = self._send_batch(FnCall(spec, kwargs))
+            outcome = self._receive_fn(conn, timeout_s)
+            if outcome.error == OUT_OF_MEMORY:  # the worker exits after it: reap it
+                self._stop_worker()
+            if outcome.error:
+                self.errors[outcome.error] += 1
+            return outcome
+
+    def _receive_fn(self, conn: Connection, timeout_s: float) -> FnOutcome:
+        """The worker's answer to a call; a worker that overran or died is stopped here."""
+        if not conn.poll(timeout_s):
+            self._stop_worker()
+            return failed(FN_TIMEOUT, f"took over {timeout_s:g} s (reward.fn_timeout_s)")
+        try:
+            return conn.recv()
+        except (EOFError, OSError):  # the worker died mid-call (os._exit, a crash in C code)
+            process = self._process
+            if process is not None:
+                process.join(KILL_GRACE_S)
+            code = process.exitcode if process is not None else None
+            self._stop_worker()
+            return failed(FN_ERROR, f"the verifier process died (exit code {code})")
+
+    def _send_batch(self, batch: list[tuple] | FnCall) -> Connection:
         """Send `batch` to a live worker, restarting it once if it died while idle."""
         for attempt in range(2):
             conn = self._ensure_worker()

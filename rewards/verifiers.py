@@ -38,9 +38,13 @@ VERIFIER_CRASH = "verifier_crash"  # a bug in verify, or the sandbox worker died
 OUT_OF_MEMORY = "out_of_memory"  # the verifier process hit its memory limit (rewards.sandbox)
 NO_CODE = "no_code"  # python-tests: the reply holds no code (rewards.codecheck)
 NO_SANDBOX = "no_sandbox"  # python-tests: the code cannot be isolated here, and unisolated is off
+# a reward function's call (reward.fn, rewards.userfns): reward 0 for it on that call's batch
+FN_ERROR = "fn_error"  # it raised, could not be imported, or its process died
+FN_TIMEOUT = "fn_timeout"  # it took over reward.fn_timeout_s
+FN_BAD_OUTPUT = "fn_bad_output"  # not one number (or None) per completion
 ERROR_CODES = frozenset(
     {EMPTY, NO_ANSWER, TOO_LONG, NON_UTF8, TIMEOUT, BAD_REFERENCE, VERIFIER_CRASH,
-     OUT_OF_MEMORY, NO_CODE, NO_SANDBOX}
+     OUT_OF_MEMORY, NO_CODE, NO_SANDBOX, FN_ERROR, FN_TIMEOUT, FN_BAD_OUTPUT}
 )
 
 MAX_COMPLETION_CHARS = 20_000

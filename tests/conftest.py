@@ -117,6 +117,7 @@ SLOW_FIRST = (
     "test_train.py::test_resume_reproduces_uninterrupted_run",
     "test_faults.py::test_hung_worker_times_out_and_is_replaced",
     "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
+    "test_reward_fns.py::test_a_trl_reward_file_trains_plain_and_chat_runs_unchanged",
     "test_models.py::test_embedded_smollm2_converts_once_and_chats",
 )
 

@@ -201,7 +201,7 @@ def test_unevaluated_expression_is_not_a_numeric_answer(restated):
 
 def test_error_codes_closed_set():
     codes = ("empty no_answer too_long non_utf8 timeout bad_reference verifier_crash "
-             "out_of_memory no_code no_sandbox")
+             "out_of_memory no_code no_sandbox fn_error fn_timeout fn_bad_output")
     assert set(codes.split()) == ERROR_CODES
 
 
