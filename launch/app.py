@@ -7,7 +7,9 @@ Four tabs over `launch/webapp.py` and `launch/webapp_models.py` (the work; no Gr
 Train starts the real driver (`launch.train`, its own process: it keeps going when the page
 closes), Watch plots a run's metrics.jsonl every few seconds, Evaluate scores models as
 `launch.evaluate` does, Try completes one question with the verifier's verdict. Bad input
-shows one line in the page; nothing starts.
+shows one line in the page; nothing starts. What a page may do is the server's policy
+(`launch/app_policy.py`: loopback unless --auth, the app's own folders unless
+--allow-any-path, listed reward functions, capped inputs; docs/app.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # all traffic stays on this machine
 import gradio as gr  # noqa: E402
 
+from common.config import VERIFIERS  # noqa: E402
 from launch import webapp, webapp_models  # noqa: E402
+from launch.app_policy import Policy, PolicyError, is_loopback, read_auth  # noqa: E402
+from launch.app_uploads import dataset_choices, keep_upload  # noqa: E402
 from launch.evaluate import SET_NAMES  # noqa: E402
 from launch.presets import PRESETS, get_preset  # noqa: E402
 
@@ -31,30 +36,67 @@ REFRESH_S = 3.0
 def preset_values(name: str) -> list:
     """Train form values of a preset, in FORM order after the preset."""
     cfg = get_preset(name)
+    c = cfg.curriculum
     return [cfg.model.name, cfg.rollout.engine, cfg.run.steps, cfg.rollout.group_size,
-            cfg.grpo.lr, cfg.lora.r, cfg.curriculum.task, cfg.curriculum.level, cfg.run.seed]
+            cfg.grpo.lr, cfg.lora.r, c.task, c.level, cfg.run.seed, c.data_path, c.verifier,
+            c.prompt_field, c.answer_field, cfg.reward.fns()]
 
 
 def _form(values) -> dict:
     return dict(zip(webapp.FORM_FLAGS, values))
 
 
-def build(runs_root: str = "runs") -> gr.Blocks:
+def build(policy: Policy | None = None) -> gr.Blocks:
+    policy = policy or Policy()
     with gr.Blocks(title="homerl") as page:
         gr.Markdown("# homerl: GRPO on the machine you have")
-        run_pick = _train_tab(runs_root)
-        _watch_tab(runs_root, run_pick)
-        _evaluate_tab(runs_root)
-        _try_tab(runs_root)
+        run_pick = _train_tab(policy)
+        _watch_tab(policy, run_pick)
+        _evaluate_tab(policy)
+        _try_tab(policy)
     return page
 
 
-def _train_tab(root: str):
+def _dataset_row(policy: Policy, first: list) -> list:
+    """The Train tab's own-dataset fields: file (listed or uploaded), verifier, columns,
+    reward functions from the server's list."""
+    with gr.Row():
+        data = gr.Dropdown(dataset_choices(policy), value=first[9] or None,
+                           allow_custom_value=policy.any_path, elem_id="train-data",
+                           label="dataset (task file): JSONL, CSV, Parquet or a datasets folder")
+        upload = gr.File(label=f"upload a dataset (at most {policy.max_upload_mb:g} MB)",
+                         file_types=[".jsonl", ".json", ".csv", ".parquet"], type="filepath",
+                         elem_id="train-upload")
+    with gr.Row():
+        verifier = gr.Dropdown(list(VERIFIERS), value=first[10], label="verifier")
+        prompt_field = gr.Textbox(first[11], label="prompt column (auto: messages, prompt, "
+                                  "question or problem)")
+        answer_field = gr.Textbox(first[12], label="answer column")
+        fns = gr.Dropdown([*VERIFIERS, *policy.reward_fns], value=first[13], multiselect=True,
+                          label="reward functions (empty: the verifier and the format bonus)")
+
+    def on_upload(path):
+        if not path:
+            return gr.update()
+        try:
+            kept = keep_upload(path, policy)
+        except PolicyError as e:
+            gr.Warning(str(e))
+            return gr.update()
+        return gr.update(choices=dataset_choices(policy), value=kept)
+
+    upload.upload(on_upload, upload, data)
+    return [data, verifier, prompt_field, answer_field, fns]
+
+
+def _train_tab(policy: Policy):
+    root = policy.runs_root
     with gr.Tab("Train"):
         first = preset_values("tiny")
         with gr.Row():
             preset = gr.Dropdown(list(PRESETS), value="tiny", label="preset")
-            model = gr.Textbox(first[0], label="model (embedded name, local path or hub id)")
+            model = gr.Textbox(first[0], label="model (an embedded name or a run's final/; "
+                               "other paths and hub ids with the server's --allow-any-path)")
             engine = gr.Dropdown(["hf", "vllm"], value=first[1], label="rollout engine")
         with gr.Row():
             steps = gr.Number(first[2], label="steps", precision=0)
@@ -62,10 +104,12 @@ def _train_tab(root: str):
             lr = gr.Number(first[4], label="learning rate")
             rank = gr.Number(first[5], label="LoRA rank", precision=0)
         with gr.Row():
-            task = gr.Dropdown(["arith", "gsm8k"], value=first[6], label="task")
+            task = gr.Dropdown(["arith", "gsm8k", "file"], value=first[6], label="task",
+                               elem_id="train-task")
             level = gr.Number(first[7], label="arithmetic level (1-3)", precision=0)
             seed = gr.Number(first[8], label="seed", precision=0)
-        fields = [preset, model, engine, steps, group, lr, rank, task, level, seed]
+        fields = [preset, model, engine, steps, group, lr, rank, task, level, seed,
+                  *_dataset_row(policy, first)]
         preset.change(preset_values, preset, fields[1:])
         with gr.Row():
             start = gr.Button("Start run", variant="primary", elem_id="start")
@@ -77,7 +121,7 @@ def _train_tab(root: str):
 
         def on_start(*values):
             try:
-                run_dir = webapp.start_run(_form(values), root)
+                run_dir = webapp.start_run(_form(values), root, policy)
             except webapp.FormError as e:
                 return f"error: {e}", gr.update()
             return (f"started {run_dir}: open Watch to follow it",
@@ -85,22 +129,31 @@ def _train_tab(root: str):
 
         def on_resume(run_dir):
             try:
-                webapp.resume_run(run_dir or "")
+                webapp.resume_run(run_dir or "", policy)
             except webapp.FormError as e:
                 return f"error: {e}"
             return f"resumed {run_dir}"
 
         start.click(on_start, fields, [message, run_pick])
-        stop.click(lambda d: webapp.stop_run(d) if d else "pick a run", run_pick, message)
+        stop.click(lambda d: _stop(d, policy), run_pick, message)
         resume.click(on_resume, run_pick, message)
     return run_pick
 
 
-def _watch(run_dir: str | None):
+def _stop(run_dir: str | None, policy: Policy) -> str:
+    if not run_dir:
+        return "pick a run"
+    try:
+        return webapp.stop_run(policy.check_run_dir(run_dir))
+    except PolicyError as e:
+        return f"error: {e}"
+
+
+def _watch(run_dir: str | None, policy: Policy):
     if not run_dir:
         return "pick a run", None, [], ""
     try:
-        status = webapp.run_status(run_dir)
+        status = webapp.run_status(policy.check_run_dir(run_dir))
     except (OSError, ValueError, KeyError) as e:
         return f"error: {run_dir}: {e}", None, [], ""
     url = webapp.dashboard_url()
@@ -109,7 +162,8 @@ def _watch(run_dir: str | None):
     return (status.message, webapp.curve_figure(run_dir), webapp.latest_samples(run_dir), dash)
 
 
-def _watch_tab(root: str, train_pick):
+def _watch_tab(policy: Policy, train_pick):
+    root = policy.runs_root
     with gr.Tab("Watch") as tab:
         with gr.Row():
             pick = gr.Dropdown(webapp.list_runs(root), label="run directory",
@@ -123,25 +177,30 @@ def _watch_tab(root: str, train_pick):
         outputs = [status, plot, samples, dash]
         refresh.click(lambda: gr.update(choices=webapp.list_runs(root)), None, pick)
         tab.select(lambda d: gr.update(choices=webapp.list_runs(root), value=d), train_pick, pick)
-        pick.change(_watch, pick, outputs)
-        gr.Timer(REFRESH_S).tick(_watch, pick, outputs)
+        pick.change(lambda d: _watch(d, policy), pick, outputs)
+        gr.Timer(REFRESH_S).tick(lambda d: _watch(d, policy), pick, outputs)
 
 
 def _model_choices(root: str) -> list[str]:
     return ["smollm2-135m-instruct", "tiny-random-llama", *webapp.checkpoints(root)]
 
 
-def _evaluate_tab(root: str):
+def _evaluate_tab(policy: Policy):
+    root = policy.runs_root
     with gr.Tab("Evaluate") as tab:
-        models = gr.Dropdown(_model_choices(root), multiselect=True, allow_custom_value=True,
+        models = gr.Dropdown(_model_choices(root), multiselect=True,
+                             allow_custom_value=policy.any_path,
                              label="models: base and checkpoints (a run's final/)",
                              elem_id="eval-models")
         with gr.Row():
             sets = gr.Dropdown(list(SET_NAMES), multiselect=True, value=["arith-1-unseen"],
                                label="built-in held-out sets", elem_id="eval-sets")
-            n = gr.Number(50, label="problems per built-in set", precision=0)
-            samples = gr.Number(0, label="samples for pass@k (0: greedy only)", precision=0)
-        upload = gr.File(label="or your own JSONL (question, answer)", file_types=[".jsonl"],
+            n = gr.Number(50, label=f"problems per built-in set (at most {policy.max_eval_n})",
+                          precision=0)
+            samples = gr.Number(0, label=f"samples for pass@k (0: greedy only; at most "
+                                f"{policy.max_samples})", precision=0)
+        upload = gr.File(label=f"or your own JSONL (question, answer; at most "
+                         f"{policy.max_upload_mb:g} MB)", file_types=[".jsonl"],
                          type="filepath", elem_id="eval-upload")
         go = gr.Button("Evaluate", variant="primary", elem_id="eval-go")
         result = gr.Markdown(elem_id="eval-result")
@@ -150,7 +209,9 @@ def _evaluate_tab(root: str):
 
         def on_eval(models, sets, n, samples, upload, progress=gr.Progress(track_tqdm=True)):  # noqa: B008
             try:
-                md, txt, path = webapp_models.run_eval(models, sets, n, upload, samples)
+                md, txt, path = webapp_models.run_eval(
+                    models, sets, n, upload, samples,
+                    out_dir=os.path.join(root, "evals"), policy=policy)
             except webapp.FormError as e:
                 return f"**error:** {e}", "", None
             return md, txt, path
@@ -159,12 +220,15 @@ def _evaluate_tab(root: str):
         tab.select(lambda: gr.update(choices=_model_choices(root)), None, models)
 
 
-def _try_tab(root: str):
+def _try_tab(policy: Policy):
+    root = policy.runs_root
     with gr.Tab("Try") as tab:
         model = gr.Dropdown(_model_choices(root), value="smollm2-135m-instruct",
-                            allow_custom_value=True, label="model or checkpoint",
+                            allow_custom_value=policy.any_path, label="model or checkpoint",
                             elem_id="try-model")
-        prompt = gr.Textbox("What is 3 + 4?", label="question", lines=2, elem_id="try-prompt")
+        prompt = gr.Textbox("What is 3 + 4?", label=f"question (at most "
+                            f"{policy.max_prompt_chars} characters)", lines=2,
+                            elem_id="try-prompt", max_length=policy.max_prompt_chars)
         with gr.Row():
             greedy = gr.Checkbox(True, label="greedy (off: sample at temperature 1)")
             expected = gr.Textbox("", label="expected answer (optional)", elem_id="try-expected")
@@ -175,7 +239,7 @@ def _try_tab(root: str):
 
         def on_try(model, prompt, greedy, expected):
             try:
-                return webapp_models.try_model(model, prompt, greedy, expected)
+                return webapp_models.try_model(model, prompt, greedy, expected, policy=policy)
             except webapp.FormError as e:
                 return "", f"error: {e}"
 
@@ -192,20 +256,48 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch.app", description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="127.0.0.1", help="address to serve on (loopback only "
-                   "by default; 0.0.0.0 exposes the app, which can start runs, to the network)")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (loopback by "
+                   "default; another address needs --auth: the app starts processes)")
     p.add_argument("--port", type=int, default=7860, help="port to serve on")
-    p.add_argument("--runs", default="runs", help="directory of run directories")
-    args = p.parse_args(argv)
+    p.add_argument("--runs", default="runs", help="the app's runs folder (run directories, "
+                   "checkpoints, uploads)")
+    p.add_argument("--auth", default="", help="user:password the page asks for")
+    p.add_argument("--auth-file", default="", help="a file whose first line is user:password")
+    p.add_argument("--data-dir", default="", help="a folder of datasets the Train tab lists")
+    p.add_argument("--reward-fn", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="a reward function the page may pick (repeat; code run on this server)")
+    p.add_argument("--allow-any-path", action="store_true",
+                   help="let the page name any model (hub ids too), dataset or run directory")
+    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest upload, MB")
+    p.add_argument("--max-runs", type=int, default=1, help="training runs going at once")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        auth = read_auth(args.auth, args.auth_file)
+    except PolicyError as e:
+        print(f"launch.app: error: {e}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host) and auth is None:
+        print(f"launch.app: error: --host {args.host}: serving beyond this machine needs "
+              "--auth user:password (or --auth-file): the app starts processes and reads "
+              "files as the user who runs it", file=sys.stderr)
+        return 2
     if not port_free(args.host, args.port):
         print(f"launch.app: error: --port: {args.host}:{args.port} is taken; pick another "
               f"(e.g. --port {args.port + 1})", file=sys.stderr)
         return 2
+    policy = Policy(runs_root=args.runs, data_dir=args.data_dir, any_path=args.allow_any_path,
+                    reward_fns=tuple(args.reward_fn), max_upload_mb=args.max_upload_mb,
+                    max_runs=args.max_runs)
     print(f"homerl app: http://{args.host}:{args.port}", flush=True)
-    build(args.runs).queue().launch(server_name=args.host, server_port=args.port,
-                                    show_error=True, quiet=True, ssr_mode=False)
+    build(policy).queue().launch(server_name=args.host, server_port=args.port, auth=auth,
+                                 max_file_size=f"{args.max_upload_mb:g}mb", show_error=True,
+                                 quiet=True, ssr_mode=False)
     return 0
 
 

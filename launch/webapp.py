@@ -27,6 +27,7 @@ from common import metrics as M
 from common.config import Config, ConfigError
 from common.models import ModelNotFoundError, resolve_model
 from launch import run_io
+from launch.app_policy import Policy, PolicyError
 from launch.cli import OneLineParser, add_config_args, config_from_args
 
 FORM_FLAGS = {
@@ -40,6 +41,11 @@ FORM_FLAGS = {
     "task": "--curriculum.task",
     "level": "--curriculum.level",
     "seed": "--run.seed",
+    "data_path": "--curriculum.data_path",
+    "verifier": "--curriculum.verifier",
+    "prompt_field": "--curriculum.prompt_field",
+    "answer_field": "--curriculum.answer_field",
+    "reward_fn": "--reward.fn",
 }
 """Train tab field -> launch.train flag (empty fields keep the preset's value)"""
 
@@ -83,6 +89,8 @@ def train_argv(form: dict) -> list[str]:
     for key, value in form.items():
         if key not in FORM_FLAGS:
             raise FormError(f"unknown form field {key!r}; allowed: {', '.join(FORM_FLAGS)}")
+        if isinstance(value, (list, tuple)):  # a multiselect: comma-separated, as on the CLI
+            value = ",".join(str(v).strip() for v in value if str(v).strip())
         if value is None or (isinstance(value, str) and not value.strip()):
             continue
         if isinstance(value, float) and not math.isfinite(value):
@@ -151,9 +159,35 @@ def _spawn(run_dir: str, argv: list[str]) -> str:
     return run_dir
 
 
-def start_run(form: dict, root: str = "runs") -> str:
-    """Validate the form and start the run; returns its directory. Raises FormError."""
-    cfg = check_form(form)
+def allowed(cfg: Config, root: str, policy: Policy | None) -> Config:
+    """`cfg` if the server's policy lets a page start it (its model, dataset and reward
+    functions, and room for another run), else FormError naming what is not allowed."""
+    if policy is None:
+        return cfg
+    try:
+        policy.check_model(cfg.model.name, checkpoints(root))
+        for path in filter(None, (cfg.curriculum.data_path, cfg.curriculum.heldout_path)):
+            policy.check_data(path)
+        policy.check_reward_fns(cfg.reward.fns())
+        policy.check_capacity(running_count(root))
+    except PolicyError as e:
+        raise FormError(str(e)) from None
+    return cfg
+
+
+def running_count(root: str) -> int:
+    """Runs under `root` going now (a directory that is not a readable run counts as none)."""
+    count = 0
+    for run_dir in list_runs(root):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            count += run_status(run_dir).state == "running"
+    return count
+
+
+def start_run(form: dict, root: str = "runs", policy: Policy | None = None) -> str:
+    """Validate the form (and, from the page, the server's policy) and start the run; returns
+    its directory. Raises FormError."""
+    cfg = allowed(check_form(form), root, policy)
     run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
     os.makedirs(run_dir)
     # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
@@ -161,8 +195,14 @@ def start_run(form: dict, root: str = "runs") -> str:
     return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])
 
 
-def resume_run(run_dir: str) -> str:
+def resume_run(run_dir: str, policy: Policy | None = None) -> str:
     """`launch.train --resume RUN_DIR` from its last checkpoint. Raises FormError."""
+    if policy is not None:
+        try:
+            policy.check_run_dir(run_dir)
+            policy.check_capacity(running_count(policy.runs_root))
+        except PolicyError as e:
+            raise FormError(str(e)) from None
     if not os.path.exists(os.path.join(run_dir, "config.json")):
         raise FormError(f"{run_dir}: not a run directory (no config.json)")
     state = run_status(run_dir).state

@@ -11,6 +11,7 @@ import os
 import time
 
 from common.models import ModelNotFoundError
+from launch.app_policy import Policy, PolicyError
 from launch.evaluate import (
     SET_NAMES,
     evaluate_many,
@@ -18,7 +19,7 @@ from launch.evaluate import (
     resolve_model_or_final,
     table,
 )
-from launch.webapp import FormError
+from launch.webapp import FormError, checkpoints
 from rewards import DatasetError, VerifierPool
 from rewards.evalfile import read_eval_file
 from rewards.verifiers import parse_reference
@@ -77,13 +78,33 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def permitted(policy: Policy | None, models: list[str] = (), prompt: str = "", n: int = 0,
+              samples: int = 0, upload: str | None = None) -> None:
+    """FormError unless the server's policy allows these models and inputs (no policy: the
+    functions called directly, not from the page)."""
+    if policy is None:
+        return
+    try:
+        listed = checkpoints(policy.runs_root)
+        for m in models or []:
+            policy.check_model(m.strip(), listed)
+        policy.check_prompt(prompt or "")
+        policy.check_eval(int(n or 0), int(samples or 0))
+        if upload:
+            policy.check_upload(upload)
+    except PolicyError as e:
+        raise FormError(str(e)) from None
+
+
 def run_eval(models: list[str], builtin: list[str], n: int, upload: str | None = None,
-             samples: int = 0, out_dir: str = "runs/evals") -> tuple[str, str, list[dict]]:
+             samples: int = 0, out_dir: str = "runs/evals", policy: Policy | None = None
+             ) -> tuple[str, str, list[dict]]:
     """Evaluate every model on every set, as `launch.evaluate` does: returns (markdown table,
     launch.evaluate's accuracy table as text, path of the JSON written). Raises FormError."""
     samples = int(samples or 0)
     if samples < 0 or samples == 1:
         raise FormError(f"samples: must be 0 (greedy only) or >= 2; got {samples}")
+    permitted(policy, models, n=n, samples=samples, upload=upload)
     models, sets = check_models(models), eval_sets(builtin, n, upload)
     import torch
 
@@ -118,13 +139,15 @@ def verdict(completion: str, expected: str) -> str:
 
 
 def try_model(model: str, prompt: str, greedy: bool = True, expected: str = "",
-              max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None) -> tuple[str, str]:
+              max_new_tokens: int = MAX_NEW_TOKENS, seed: int | None = None,
+              policy: Policy | None = None) -> tuple[str, str]:
     """Complete one question (chat-formatted with the task's answer instruction, as in
     training) from `model`: (completion, verdict or '' without an expected answer)."""
     from actors.eval_worker import greedy_complete, sample_complete
 
     if not prompt or not prompt.strip():
         raise FormError("prompt: write a question")
+    permitted(policy, [model], prompt=prompt)
     expected = (expected or "").strip()
     if expected and parse_reference(expected) is None:
         raise FormError(f"expected answer: must be a number or GSM8K's '#### N'; got {expected!r}")

@@ -1,7 +1,7 @@
-"""The web app in a real browser (headless Debian Chromium driven by Playwright): start a tiny
-run from Train, see its plots in Watch while it runs, evaluate its adapter on an uploaded file
-in Evaluate, get a completion in Try. Screenshots of each tab go to HOMERL_SCREENSHOTS (default:
-the test's tmp dir); `make test-ui` writes them to docs/.
+"""The web app in a real browser (headless Debian Chromium driven by Playwright): upload a
+dataset and start a tiny run on it from Train, see its plots in Watch while it runs, evaluate
+its adapter on an uploaded file in Evaluate, get a completion in Try. Screenshots of each tab
+go to HOMERL_SCREENSHOTS (default: the test's tmp dir); `make test-ui` writes them to docs/.
 
 Skipped, with the reason, when Chromium, Gradio or Playwright is missing; `make ui-deps`
 installs them and CI sets HOMERL_REQUIRE_BROWSER=1 so that a missing browser fails there.
@@ -113,6 +113,9 @@ def test_train_watch_evaluate_try_in_a_real_browser(app_url, tmp_path):
                             for i in range(4)))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "What is 1 + 1?", "answer": 2}\n{"question": "And 2 + 2?"}\n')
+    train = tmp_path / "my sums.jsonl"  # 100 held out by default, 20 to train on
+    train.write_text("".join(json.dumps({"question": f"Add {i} and {i + 3}.", "answer": 2 * i + 3})
+                             + "\n" for i in range(120)))
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
@@ -124,16 +127,24 @@ def test_train_watch_evaluate_try_in_a_real_browser(app_url, tmp_path):
         err = _wait_text(page, "train-status", lambda v: v.startswith("error"), 30)
         assert "run.steps" in err and "\n" not in err
         page.get_by_label("steps").fill("30")
-        model = page.get_by_label("model (embedded name, local path or hub id)")
+        model = page.get_by_label("model (an embedded name or a run's final/")
         model.fill("nobody-has/this-model-xyz")
         page.locator("#start").click()
         err = _wait_text(page, "train-status", lambda v: "nobody-has" in v, 30)
         assert err.startswith("error: model 'nobody-has/this-model-xyz'") and "\n" not in err
         model.fill("tiny-random-llama")
         assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
+        # the user's own dataset: uploaded into the app's uploads, picked as the file task
+        _pick(page, "train-task", "file")
+        page.locator("#train-upload input[type=file]").set_input_files(str(train))
+        page.wait_for_function("() => document.querySelector('#train-data input').value"
+                               ".includes('my_sums.jsonl')", timeout=30_000)
         page.locator("#start").click()
         started = _wait_text(page, "train-status", lambda v: v.startswith("started"), 30)
         run_dir = started.split()[1].rstrip(":")
+        with open(os.path.join(run_dir, "config.json")) as f:
+            cur = json.load(f)["curriculum"]
+        assert cur["task"] == "file" and cur["data_path"].endswith("uploads/my_sums.jsonl")
         page.screenshot(path=os.path.join(shots, "train.png"), full_page=True)
 
         # Watch: the run's plots and completions appear while it runs
