@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 MAX_PATTERN_CHARS = 1_000
 _FENCE_RE = re.compile(r"```.*?(?:```|\Z)", re.S)
-_FINAL_TAG_RE = re.compile(r"(?i)^[*_]*answer[ \t]*[*_]*[ \t]*:")
+_FINAL_TAG_RE = re.compile(r"(?i)^[*_]*+answer[ \t]*+[*_]*+[ \t]*+:")
 _QUOTES = "\"'`*_\u201c\u201d\u2018\u2019\u00ab\u00bb"
 _TRAILING = ".,;:!?"
 # one option letter, optionally in brackets, not glued to a following letter or digit

@@ -19,10 +19,10 @@ MAX_NUMBER_DIGITS = 100
 # Which rule `extract_answer` used; "none" means nothing answer-like was found.
 EXTRACTION_RULES = ("hash", "boxed", "answer_tag", "last_number", "none")
 
-_HASH_RE = re.compile(r"####[ \t]*([^\n]*\S)")
+_HASH_RE = re.compile(r"####[ \t]*+([^\n]*\S)")
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # "Answer: 42", "Final answer: 42", "**Answer:** 42"; markdown emphasis is tolerated.
-_ANSWER_TAG_RE = re.compile(r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*([^\n]*\S)")
+_ANSWER_TAG_RE = re.compile(r"(?i)\banswer[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+([^\n]*\S)")
 # A number not glued to a preceding word (so "x-5" does not yield "-5").
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])[-\u2212])?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 _WORD_RE = re.compile(r"[A-Za-z]{2,}")

@@ -27,12 +27,12 @@ _NUMBER = r"\$?[-\u2212]?\d[\d,]*(?:\.\d+)?(?:/\d+)?[ \t]*%?"
 _WORD = "(?:" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True)) + ")"
 _IN_WORDS = rf"{_WORD}(?:(?:[ \t]+|-)(?:and[ \t]+)?{_WORD})*"
 # "Answer:" as a tag, markdown emphasis tolerated ("**Answer:** 7")
-_ANSWER_TAG = r"(?i)\banswer[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*"
+_ANSWER_TAG = r"(?i)\banswer[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+"
 
 # one line of at most SHORT_CHARS characters with a number in it and no answer tag of any
 # style ("7", "3 + 4 = 7", "The sum is 7."); applied to the whole stripped reply
 SHORT_CHARS = 40
-_SHORT = re.compile(r"(?i)^(?=[^\n]*\d)(?![^\n]*\b(?:answer|result)[ \t]*[*_]*[ \t]*:)"
+_SHORT = re.compile(r"(?i)^(?=[^\n]*\d)(?![^\n]*\b(?:answer|result)[ \t]*+[*_]*+[ \t]*+:)"
                     r"(?![^\n]*####)(?![^\n]*\\(?:boxed|fbox))[^\n]{1," + str(SHORT_CHARS) + "}$")
 
 
@@ -75,7 +75,7 @@ STYLES = {
         "result",
         "Solve the problem. End your reply with a final line of the form 'Result: <number>'.",
         re.compile(rf"(?i)^result:[ \t]*{_NUMBER}\.?$"),
-        re.compile(r"(?i)\bresult[ \t]*[*_]*[ \t]*:[ \t]*[*_]*[ \t]*\S")),
+        re.compile(r"(?i)\bresult[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+\S")),
     # the "answer" line with the number in words: a few words apart in the prompt, and the
     # opposite answer on the same problems, meant for stages that pull one habit two ways (the
     # embedded model never samples number words, so it cannot learn this stage: docs/history.md)

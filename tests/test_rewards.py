@@ -359,3 +359,27 @@ def test_the_verifier_process_does_not_reimport_the_callers_main_module(tmp_path
     subprocess.run([sys.executable, str(script)], check=True, timeout=120,
                    env={**os.environ, "PYTHONPATH": root})
     assert len(marks.read_text().split()) == 1
+
+
+ADVERSARIAL = [  # a policy can write each of these in a few hundred tokens
+    "Answer:" + " " * 1500 + "\nx",  # took ~7 s to parse before the tag patterns were made linear
+    "Answer" + " " * 20_000 + "x",
+    "####" + " " * 20_000 + "\n",
+    "**Answer:**" + " " * 20_000 + "**",
+    "Result:" + " " * 20_000 + "x\n",
+    "Answer: \t" * 10_000 + "\n",
+    "Answer: " * 12_000,
+    "1," * 50_000,
+    "\\boxed{" * 14_000,
+    "seven " * 16_000,
+]
+
+
+def test_adversarial_completions_are_scored_without_the_timeout_path():
+    """Every parser (numeric, every answer style's format, exact, choice) on inputs of 20,000
+    to 100,000 characters of spaces, tags, digits and boxes, inside the verifier process with
+    its 2 s limit per item: none may need the timeout (tools.bench_parsers times them)."""
+    with VerifierPool(verify_fn=helpers.every_parser) as pool:
+        results = pool.score(ADVERSARIAL, ["3"] * len(ADVERSARIAL), timeout_s=2.0)
+    assert [r.error for r in results].count("timeout") == 0, [r.error for r in results]
+    assert pool.errors["timeout"] == 0

@@ -27,3 +27,19 @@ def marker_verify(completion, answer):
         hog = bytes(2**30)
         return verify(f"Answer: {len(hog) // 2**30}", answer)
     return verify(completion, answer)
+
+
+def every_parser(completion, answer):
+    """Run every answer parser on `completion` (any length: verify itself stops at
+    MAX_COMPLETION_CHARS), then score it as `verify` does."""
+    from rewards import checks
+    from rewards.parsing import extract_answer
+    from rewards.styles import STYLES
+    from rewards.verifiers import format_score
+
+    extract_answer(completion)
+    for style in STYLES:
+        format_score(completion, style)
+    checks.exact(completion, answer)
+    checks.choice(completion, "B")
+    return verify(completion, answer)
