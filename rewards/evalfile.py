@@ -7,6 +7,7 @@ number and the field, so nothing is silently skipped. Blank lines are ignored.
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 
@@ -27,6 +28,8 @@ def read_eval_file(path: str | Path) -> list[dict]:
         raise DatasetError(f"cannot read {path}: {e.strerror or e}") from None
     with handle:
         for lineno, raw in enumerate(handle, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows editors start files with one
             if not raw.strip():
                 continue
             try:

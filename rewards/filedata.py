@@ -77,7 +77,7 @@ def _read_json(path: str) -> Table:
     try:
         with open(path, "rb") as f:
             raw = f.read()
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark (Windows editors) is dropped
     except OSError as e:
         raise DatasetError(f"cannot read {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:

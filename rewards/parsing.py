@@ -8,6 +8,7 @@ pathological completion costs at most a few regex passes over its text.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from fractions import Fraction
 
 from rewards.phrasings import words
@@ -153,6 +154,19 @@ def _canonical_decimal(s: str) -> str | None:
     return f"-{body}" if negative else body
 
 
+_SCIENTIFIC_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)[eE]([-+]?\d{1,4})")
+
+
+def _expand_exponent(s: str) -> str:
+    """Write "1e16" / "1.5E-3" / "1e+16" (how JSON floats print) in plain digits, so a
+    reference of 0.00001 or 10^16 stays a number; unchanged when it is no such number or its
+    exponent passes `MAX_NUMBER_DIGITS` (the digit cap then refuses it as a number)."""
+    match = _SCIENTIFIC_RE.fullmatch(s)
+    if not match or abs(int(match.group(1))) > MAX_NUMBER_DIGITS:
+        return s
+    return format(Decimal(s), "f")
+
+
 def _canonical_fraction(s: str) -> str | None:
     """Reduce "2/4" -> "1/2", "4/2" -> "2"; None if not a capped, valid fraction."""
     match = _FRACTION_RE.match(s)
@@ -210,6 +224,7 @@ def normalize_answer(s: str | None) -> str | None:
     s = s[1:] if s.startswith("+") else s
     if not s:
         return None
+    s = _expand_exponent(s)
     return _canonical_decimal(s) or _canonical_fraction(s) or s
 
 

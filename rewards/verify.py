@@ -12,6 +12,7 @@ scoring continues. An unreadable file prints one line on stderr and exits 2.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,8 @@ def _parse_line(text: str) -> tuple[tuple[str, str] | None, str | None]:
 def _records(stream: BinaryIO) -> Iterator[Parsed]:
     """Parse non-blank lines; bytes that are not UTF-8 reach `verify` as such."""
     for lineno, raw in enumerate(stream, start=1):
+        if lineno == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)  # Windows editors start files with one
         # surrogateescape keeps bad bytes visible, so verify reports "non_utf8".
         text = raw.decode("utf-8", errors="surrogateescape")
         if text.strip():
