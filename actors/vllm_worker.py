@@ -68,14 +68,13 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from actors.adapter_files import AdapterFiles
 from actors.base import RolloutWorker
 from actors.prompts import encode_prompts, verified_batch, worker_memory
 from actors.sampling import model_overrides, read_generation_config
@@ -85,6 +84,7 @@ from actors.vllm_setup import (
     configure_env,
     cpu_kv_cache_bytes,
     cuda_available,
+    cuda_limits,
     eos_ids,
     lora_rank,
     max_positions,
@@ -104,6 +104,7 @@ from common.core_lease import (
 from common.device import card_gb
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
+from common.shapes import model_shapes
 from common.types import RolloutBatch, RolloutCall, WeightUpdate
 from rewards import RewardFns, VerifierPool
 
@@ -111,15 +112,6 @@ log = logging.getLogger("homerl.rollout")
 
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """HF modules vLLM fuses into one layer: a merged load must bring the whole group"""
-DEFAULT_ENGINE_GB = 4.0
-"""GiB the engine takes on a shared card when the driver's plan did not set rollout.engine_memory_gb
-(tests and direct use)"""
-
-
-def engine_utilization(engine_gb: float) -> float:
-    """vLLM's gpu_memory_utilization: `engine_gb` as a share of this GPU's whole memory (so an
-    8 GB plan holds on a bigger card too)."""
-    return min(0.95, engine_gb / card_gb())
 
 
 class VLLMRolloutWorker(RolloutWorker):
@@ -128,7 +120,7 @@ class VLLMRolloutWorker(RolloutWorker):
     def __init__(self, cfg, name: str = "rollout-0", lora_merge: bool | None = None):
         """`lora_merge`: serve LoRA updates merged into the weights (True) or as vLLM adapters
         (False); None: $HOMERL_VLLM_LORA (merge/adapter) if set, else merge on CPU only."""
-        self.cfg, self.name = cfg, name
+        self.cfg, self.name, self.started_at = cfg, name, time.time()
         if lora_merge is None:
             env = os.environ.get("HOMERL_VLLM_LORA", "")
             lora_merge = env == "merge" if env in ("merge", "adapter") else not cuda_available()
@@ -143,15 +135,15 @@ class VLLMRolloutWorker(RolloutWorker):
         self.eos_ids = eos_ids(self.path, self.tokenizer)
         self.use_lora = cfg.lora.mode in ("lora", "qlora")
         max_len = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-        limit = max_positions(self.path)
+        max_len = min(max_len, max_positions(self.path) or max_len)
+        cuda = cuda_available()
         self.engine = VLLMEngine(
             self.path, dtype=vllm_dtype(cfg.model.dtype), seed=cfg.run.seed,
             # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
-            eager=not cuda_available(), max_model_len=min(max_len, limit or max_len),
+            eager=not cuda, max_model_len=max_len,
             lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
-            gpu_memory_utilization=engine_utilization(
-                cfg.rollout.engine_memory_gb or DEFAULT_ENGINE_GB) if cuda_available() else None,
-            kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path), cpu=not cuda_available())
+            cuda=cuda_limits(cfg, model_shapes(self.path), max_len, card_gb()) if cuda else None,
+            kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path), cpu=not cuda)
         self.lease = self._lease()
         if cfg.lora.mode == "qlora":
             self._load_nf4_base()
@@ -159,9 +151,8 @@ class VLLMRolloutWorker(RolloutWorker):
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "
                         "decides what is sampled", name, ", ".join(overridden))
-        self.adapter_root = None  # temp dir of adapter directories (adapter mode, on first use)
+        self.adapter_files = AdapterFiles(name)  # adapter mode: where pushes are written
         self.adapter = None
-        self.adapter_seq = 0
         self.version = 0
         self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
         self.reward_fns = RewardFns.of(cfg.reward)  # reward.fn's functions, or None
@@ -209,11 +200,16 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def _load_nf4_base(self) -> None:
         """QLoRA: serve the dequantised NF4 base the learner trains on (vLLM 0.32 has no
-        bitsandbytes quantisation); LoRA updates are merged into it or served as adapters."""
-        base = dequantized_nf4_weights(self.path)
+        bitsandbytes quantisation); LoRA updates are merged into it or served as adapters.
+
+        Only a merging worker reads the base again (W0 of every merge, in fp32). Served as
+        adapters (the CUDA default) it is dropped once the engine holds it, and it is built in
+        the dtype bitsandbytes dequantises to (the checkpoint's, bf16 for the 1.5B: 2.4 GiB of
+        host memory while loading, not 4.9 in fp32, and none after)."""
+        base = dequantized_nf4_weights(self.path, as_float=self.lora_merge)
         self.engine.load_weights(base)
         self.engine.reset_prefix_cache()
-        self.base_override = base
+        self.base_override = base if self.lora_merge else None
 
     def _load_lora(self, update: WeightUpdate, version: int) -> None:
         if not self.use_lora:
@@ -221,17 +217,11 @@ class VLLMRolloutWorker(RolloutWorker):
         if self.lora_merge:
             self._merge_lora(update)
             return
-        self.adapter_seq += 1
-        if self.adapter_root is None:
-            # /dev/shm: a RAM file system, so an adapter reaches vLLM without touching a disk
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            self.adapter_root = tempfile.mkdtemp(prefix=f"homerl-{self.name}-lora-", dir=shm)
-        out = write_peft_adapter(update, os.path.join(self.adapter_root, f"a{self.adapter_seq}"),
-                                 self.path)
-        self._drop_adapter()
-        self.adapter = self.engine.add_adapter(f"v{version}-{self.adapter_seq}",
-                                               self.adapter_seq, out)
-        self.adapter_path = out
+        # /dev/shm first (RAM, no disk), where there is room (actors/adapter_files.py)
+        out = self.adapter_files.write(
+            update, lambda path: write_peft_adapter(update, path, self.path), self._drop_adapter)
+        seq = self.adapter_files.seq
+        self.adapter = self.engine.add_adapter(f"v{version}-{seq}", seq, out)
 
     def _merge_lora(self, update: WeightUpdate) -> None:
         """Load W0 + scale * B @ A for every adapted module (and its packed siblings)."""
@@ -290,10 +280,11 @@ class VLLMRolloutWorker(RolloutWorker):
             raise ValueError(f"LoRA update names {sorted(missing)[0]}, which {self.path} lacks")
 
     def _drop_adapter(self) -> None:
+        """Remove the served adapter from the engine and its files (a no-op without one)."""
         if self.adapter is not None:
             self.engine.remove_adapter(self.adapter)
-            shutil.rmtree(self.adapter_path, ignore_errors=True)
             self.adapter = None
+        self.adapter_files.remove_current()
 
     # ---- rollouts ------------------------------------------------------------------------
     def _encode(self, prompts: list[dict]):
@@ -362,8 +353,7 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def shutdown(self) -> None:
         """Stop the engine and remove adapter files."""
-        if self.adapter_root:
-            shutil.rmtree(self.adapter_root, ignore_errors=True)
+        self.adapter_files.close()
         self.verifier.close()
         self.lease.close()
         engine = self.__dict__.pop("engine", None)

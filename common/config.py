@@ -23,7 +23,8 @@ class ModelConfig:
     name: str = "smollm2-135m-instruct"
     """policy: embedded name (smollm2-135m-instruct, tiny-random-llama), local path or hub id"""
     dtype: str = "auto"
-    """compute dtype: auto (bf16 on CPUs with AMX/AVX512-bf16 or on GPU, else fp32), bf16, fp32"""
+    """compute dtype: auto (GPU: bf16 from compute capability 8.0, fp16 below; CPU: bf16 with
+    AMX, else fp32), bf16, fp16, fp32; trained LoRA tensors are fp32 whatever this is"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more learner time)"""
     device: str = "auto"
@@ -34,7 +35,7 @@ class ModelConfig:
     def __post_init__(self):
         if not self.name:
             raise ConfigError("model.name: must be a model name, local path or hub id; got ''")
-        _choice("model.dtype", self.dtype, ("auto", "bf16", "fp32"))
+        _choice("model.dtype", self.dtype, ("auto", "bf16", "fp16", "fp32"))
         _choice("model.device", self.device, ("auto", "cpu", "cuda"))
         _range("model.gpu_memory_gb", self.gpu_memory_gb, 0.0, 4096.0)
 

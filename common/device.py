@@ -13,17 +13,39 @@
 
 Inside an actor, `actor_device()` names the device Ray assigned (`cuda` when it was given a
 GPU, else `cpu`); models are built there and nothing else in the code picks a device.
+`compute_dtype(model.dtype)` is the one dtype rule: on CUDA `auto` is bf16 on cards of compute
+capability 8.0 or newer and fp16 on older ones (which have no bf16); on a CPU it is bf16 with
+AMX, else fp32.
+
+The driver imports no torch and must hold no CUDA context on the card the learner and engine
+share: it asks a short-lived subprocess what torch sees (`probe_cuda`), which also finds the GPU
+of WSL2 (`/dev/dxg`, no `/dev/nvidiaN` nodes).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 DEVICES = ("auto", "cpu", "cuda")
 GPU_SHARE = 0.5
 """Ray GPU resource each of the learner and a rollout worker asks for on a shared card"""
+BF16_CAPABILITY = (8, 0)
+"""CUDA compute capability from which a card runs bf16 (Ampere); older cards compute in fp16"""
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+PROBE_TIMEOUT_S = 60.0
+"""the driver's torch probe (a subprocess importing torch and initialising CUDA) gives up here"""
+_PROBE = ("import json, torch\n"
+          "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+          "p = torch.cuda.get_device_properties(0) if n else None\n"
+          "print(json.dumps({'count': n, 'name': p.name if p else '',\n"
+          "                  'capability': [p.major, p.minor] if p else None,\n"
+          "                  'total_gb': p.total_memory / 2**30 if p else 0.0}))\n")
 
 
 class DeviceError(ValueError):
@@ -62,15 +84,95 @@ def plan_devices(choice: str, cluster_gpus: float, num_workers: int = 1) -> Devi
     return DevicePlan("cuda", GPU_SHARE, GPU_SHARE)
 
 
+@dataclass(frozen=True)
+class CudaCard:
+    """What torch in a subprocess saw: visible devices and the first one's properties."""
+
+    count: int
+    name: str = ""
+    capability: tuple[int, int] | None = None
+    total_gb: float = 0.0
+
+
+@functools.lru_cache(maxsize=1)
+def probe_cuda(timeout_s: float = PROBE_TIMEOUT_S) -> CudaCard | None:
+    """Ask torch in a subprocess (`torch.cuda.device_count()` and the first card's compute
+    capability and memory), so the driver neither imports torch nor holds a CUDA context on
+    the card. None when the probe fails (no torch, an error, over `timeout_s`)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                             timeout=timeout_s)
+        got = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        got = None
+    if got is None:
+        return None
+    cap = tuple(got["capability"]) if got.get("capability") else None
+    return CudaCard(int(got["count"]), got.get("name", ""), cap, float(got.get("total_gb", 0)))
+
+
 def machine_gpus() -> int:
-    """NVIDIA GPUs this machine shows this process (its /dev/nvidiaN nodes, narrowed by
-    CUDA_VISIBLE_DEVICES), without importing torch: the driver asks, and it holds no model.
-    Inside an actor `local_gpus` is the answer that counts (torch may be a CPU build)."""
+    """CUDA GPUs this machine shows this process, as torch counts them (narrowed by
+    CUDA_VISIBLE_DEVICES), asked in a subprocess (`probe_cuda`) and only where the machine has
+    a GPU driver's device nodes: /dev/nvidiaN, or /dev/dxg under WSL2. Without them: 0 at
+    once. Where the probe fails, the /dev/nvidiaN nodes are counted instead. Inside an actor
+    `local_gpus` is the answer that counts."""
     nodes = len(glob.glob("/dev/nvidia[0-9]*"))
+    if not nodes and not os.path.exists("/dev/dxg"):
+        return 0
+    card = probe_cuda()
+    if card is not None:
+        return card.count
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return nodes
     return min(nodes, len([v for v in visible.split(",") if v.strip() not in ("", "-1")]))
+
+
+def driver_card() -> CudaCard | None:
+    """The first visible card, for the driver's plan (no torch import here); None without."""
+    return probe_cuda() if machine_gpus() else None
+
+
+def cuda_dtype(choice: str, capability: tuple[int, int] | None) -> tuple[str, str]:
+    """(dtype, why) of `model.dtype` on a CUDA card of compute `capability` (None: unknown).
+    bf16 on a card without it is a one-line DeviceError naming fp16."""
+    cap = f"{capability[0]}.{capability[1]}" if capability else None
+    if choice == "bf16" and capability and tuple(capability) < BF16_CAPABILITY:
+        raise DeviceError(f"model.dtype=bf16: this card (compute capability {cap}) has no bf16; "
+                          "use --model.dtype fp16 or auto")
+    if choice != "auto":
+        return choice, "set by model.dtype"
+    if capability is None:
+        return "bf16", ("auto: no card seen here; bf16 from compute capability 8.0, fp16 "
+                        "below, the same bytes")
+    if tuple(capability) >= BF16_CAPABILITY:
+        return "bf16", f"auto: compute capability {cap} >= 8.0 runs bf16"
+    return "fp16", f"auto: compute capability {cap} < 8.0 has no bf16"
+
+
+def compute_dtype(choice: str, device: str | None = None) -> str:
+    """'fp32', 'bf16' or 'fp16' for this process's models from `model.dtype`: on CUDA by the
+    card's compute capability (`cuda_dtype`), on a CPU `auto` is bf16 with AMX, else fp32."""
+    if choice not in DTYPES:
+        raise DeviceError(f"model.dtype: must be one of {', '.join(DTYPES)}; got {choice!r}")
+    if (device or actor_device()) == "cuda":
+        import torch
+
+        return cuda_dtype(choice, tuple(torch.cuda.get_device_capability(0)))[0]
+    if choice != "auto":
+        return choice
+    from common.models import cpu_supports_bf16
+
+    return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def torch_dtype(choice: str, device: str | None = None):
+    """`compute_dtype` as a torch dtype."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16,
+            "fp16": torch.float16}[compute_dtype(choice, device)]
 
 
 def local_gpus() -> int:

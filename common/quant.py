@@ -33,12 +33,15 @@ def load_nf4_model(path: str, compute_dtype: torch.dtype, device: str = "cpu"):
 
 
 @torch.no_grad()
-def dequantized_nf4_weights(path: str, compute_dtype: torch.dtype = torch.float32
-                            ) -> dict[str, torch.Tensor]:
-    """{'<module>.weight': fp32 tensor} of every NF4 linear layer of `path`, dequantised.
+def dequantized_nf4_weights(path: str, compute_dtype: torch.dtype = torch.float32,
+                            as_float: bool = True) -> dict[str, torch.Tensor]:
+    """{'<module>.weight': tensor} of every NF4 linear layer of `path`, dequantised.
 
     Loads the model once through `load_nf4_model` on the CPU (as the learner does), so the
-    values are those the learner's base holds, and frees it before returning.
+    values are those the learner's base holds, and frees it before returning. bitsandbytes
+    dequantises into the dtype the weights were quantised from (the checkpoint's: bf16 for the
+    hub's Qwen2 models); `as_float` widens them to fp32 (exact, twice the bytes), which a
+    worker merging LoRA into them needs; False keeps that dtype.
     """
     from bitsandbytes.functional import dequantize_4bit
     from bitsandbytes.nn import Linear4bit
@@ -48,7 +51,8 @@ def dequantized_nf4_weights(path: str, compute_dtype: torch.dtype = torch.float3
     for name, module in model.named_modules():
         if isinstance(module, Linear4bit):
             w = module.weight
-            out[f"{name}.weight"] = dequantize_4bit(w.data, w.quant_state).float().clone()
+            t = dequantize_4bit(w.data, w.quant_state)
+            out[f"{name}.weight"] = t.float().clone() if as_float else t.clone()
     del model
     if not out:
         raise ValueError(f"{path}: bitsandbytes quantised no linear layer (nothing to dequantise)")

@@ -18,6 +18,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from common.durable import cut, fsync_file, os_error
 from common.types import RolloutBatch, TrainBatch
 
 FORMAT = "homerl-state/1"
@@ -31,6 +32,8 @@ def save_state(directory: str, name: str, tensors: dict, meta: dict) -> None:
     """Write `name.safetensors` (tensors: name -> torch tensor or numpy array) and `name.json`.
 
     All-numpy states (the driver's) are written without importing torch; the file is the same.
+    Both files are fsync'ed. A failed write is an OSError naming the file, with its errno
+    (ENOSPC, EDQUOT: a full disk) even where safetensors wraps it in its own error type.
     """
     path = os.path.join(directory, f"{name}.safetensors")
     if all(isinstance(v, np.ndarray) for v in tensors.values()):
@@ -45,12 +48,20 @@ def save_state(directory: str, name: str, tensors: dict, meta: dict) -> None:
                 .detach().cpu().contiguous() for k, v in tensors.items()}  # a writable copy
     try:
         save_file(data, path)
-    except Exception as err:  # safetensors reports a failed write (full disk) as its own error
-        if "I/O error" in str(err):
-            raise OSError(f"{path}: {err}") from None
-        raise
-    with open(os.path.join(directory, f"{name}.json"), "w") as f:
+    except Exception as err:  # safetensors wraps a failed write (full disk) in its own error
+        failure = os_error(err, path)  # the OSError with its errno (ENOSPC, EDQUOT, ...)
+        if failure is None:
+            raise
+        raise failure from None
+    cut("write", path)
+    fsync_file(path)  # on disk before anything names it complete (a power cut empties it)
+    meta_path = os.path.join(directory, f"{name}.json")
+    with open(meta_path, "w") as f:
         json.dump({"format": FORMAT, "tensors": sorted(data), "meta": meta}, f)
+        f.flush()
+        cut("write", meta_path)
+        os.fsync(f.fileno())
+    cut("fsync", meta_path)
 
 
 def check_state(directory: str, name: str) -> dict:

@@ -12,13 +12,23 @@ import ast
 import dataclasses
 import functools
 import inspect
-import json
 import os
 import sys
 import typing
 
 from common.config import Config, ConfigError
+from launch.checkpoints import remove_leftovers
 from launch.presets import PRESETS, get_preset
+from launch.resume import resume_config
+from launch.run_dir import (
+    RunBusyError,
+    RunLock,
+    lock_run,
+    mark_run,
+    record_history,
+    why_not_new,
+    why_not_run,
+)
 from launch.run_io import default_run_dir
 
 ALIASES = {
@@ -72,8 +82,9 @@ def _parse_bool(text: str) -> bool:
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Add --preset, the aliases and one --section.field flag per config field."""
-    parser.add_argument("--preset", default="cpu-demo",
-                        help=f"named preset to start from: {', '.join(PRESETS)}")
+    parser.add_argument("--preset", default=None,
+                        help=f"named preset to start from (default cpu-demo): "
+                        f"{', '.join(PRESETS)}")
     docs = {f"{sec}.{k}": v for sec, cls in _sections() for k, v in field_docs(cls).items()}
     for alias, dest in ALIASES.items():
         parser.add_argument(alias, f"--{dest}", dest=dest, default=None, metavar="V",
@@ -92,7 +103,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Start from the preset, apply every flag given, validate. Raises ConfigError (one line)."""
-    cfg = get_preset(args.preset).to_dict()
+    cfg = get_preset(args.preset or "cpu-demo").to_dict()
     for section, cls in _sections():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -148,27 +159,50 @@ def unwritable(run_dir: str) -> str | None:
     return None
 
 
-def resolve_run(argv=None) -> tuple[Config, str, bool]:
-    """Config and run dir from the CLI; with --resume the run's own config.json wins."""
+def _fail(message: str):
+    print(f"launch.train: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def resolve_run(argv=None) -> tuple[Config, str, bool, dict]:
+    """(config, run dir, resume, {field: [old, new]} a resume changed) from the CLI; with
+    --resume the run's own config.json wins, changed only by the flags in RESUMABLE. Any user
+    error is one line on stderr and exit 2; nothing is written."""
     cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
     run_dir = (cfg.run.run_dir or default_run_dir()) if args.resume is None else args.resume
     if (why := unwritable(run_dir)) is not None:  # before any actor starts
-        flag = "--resume" if args.resume is not None else "--run-dir"
-        print(f"launch.train: error: {flag} {run_dir}: {why}", file=sys.stderr)
-        raise SystemExit(2)
+        _fail(f"{'--resume' if args.resume is not None else '--run-dir'} {run_dir}: {why}")
     if args.resume is None:
-        if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):  # never append to a run
-            print(f"launch.train: error: --run-dir {run_dir} already holds a run (metrics.jsonl):"
-                  f" continue it with --resume {run_dir}, or pick another --run-dir",
-                  file=sys.stderr)
-            raise SystemExit(2)
-        return cfg, run_dir, False
-    path = os.path.join(args.resume, "config.json")
-    if not os.path.exists(path):
-        print(f"launch.train: error: --resume: {path} not found", file=sys.stderr)
-        raise SystemExit(2)
-    with open(path) as f:
-        saved = json.load(f)
-    if getattr(args, "run.steps") is not None:
-        saved["run"]["steps"] = cfg.run.steps
-    return Config.from_dict(saved), args.resume, True
+        if (why := why_not_new(run_dir)) is not None:  # never append to a run or a model dir
+            _fail(why)
+        return cfg, run_dir, False, {}
+    if (why := why_not_run(run_dir)) is not None:
+        _fail(why)
+    try:
+        saved, changes = resume_config(args, cfg)
+    except ConfigError as e:
+        _fail(str(e))
+    return saved, run_dir, True, changes
+
+
+def open_run(argv=None) -> tuple[Config, str, bool, RunLock]:
+    """`resolve_run`, then the run directory marked as a run and locked for this driver (a live
+    driver already on it: one line naming it, exit 2), leftovers of killed writers removed, and
+    the start or resume (with what it changed) added to its config history."""
+    cfg, run_dir, resume, changes = resolve_run(argv)
+    created = not os.path.exists(run_dir)
+    try:
+        mark_run(run_dir)
+        lock = lock_run(run_dir)
+        lock.created = created
+    except RunBusyError as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{run_dir}: {e}")
+    if not resume and (why := why_not_new(run_dir)) is not None:  # trained while we waited
+        lock.release()
+        _fail(why)
+    remove_leftovers(run_dir)
+    record_history(run_dir, "resume" if resume else "start",
+                   list(sys.argv[1:] if argv is None else argv), changes)
+    return cfg, run_dir, resume, lock

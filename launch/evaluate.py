@@ -51,6 +51,7 @@ from actors.eval_worker import (
 from common.models import ModelNotFoundError, cpu_supports_bf16, resolve_model
 from launch.cli import OneLineParser
 from launch.eval_sets import SET_NAMES, add_file_flags, heldout_sets, requested_sets
+from launch.placement import start_local_cluster
 from launch.scoring import pass_at_k, score
 from rewards import DatasetError
 
@@ -199,7 +200,7 @@ def connect_for_eval(workers: int | None, threads: int) -> int:
         if address:
             ray.init(address=address)
         else:
-            ray.init(address="local", num_cpus=workers * threads, include_dashboard=False)
+            start_local_cluster(workers * threads)
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)) // threads)
     return workers

@@ -24,7 +24,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from common.config import Config, ConfigError
-from common.device import DeviceError, DevicePlan, card_gb, machine_gpus, plan_devices
+from common.device import DeviceError, DevicePlan, driver_card, machine_gpus, plan_devices
 
 log = logging.getLogger("homerl.placement")
 
@@ -149,6 +149,20 @@ def make_placement(cfg: Config, devices: DevicePlan | None = None,
     return layout
 
 
+def start_local_cluster(num_cpus: int) -> None:
+    """A Ray cluster of this process's own (`address="local"`: not one that a `ray start` left
+    in /tmp/ray/ray_current_cluster, which Ray would join and then refuse num_cpus).
+
+    Its ports listen on every interface (Ray does not bind a node to the loopback address), so
+    they are closed by Ray's token authentication, on by default for a new local cluster from
+    Ray 2.59 (pyproject's floor): a client without the token (~/.ray/auth_token) is refused.
+    RAY_AUTH_MODE=disabled turns that off; then this says so, once, in one line."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        log.warning("RAY_AUTH_MODE=disabled: this run's Ray ports accept anyone who can reach "
+                    "this machine; unset it to keep token authentication (docs/cluster.md)")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+
+
 def connect(cfg: Config) -> DevicePlan:
     """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one,
     and decide each role's device (common/device.py). A config that does not fit the card is
@@ -156,18 +170,14 @@ def connect(cfg: Config) -> DevicePlan:
     Trainer does, before it loads any data), so a GPU config on a machine without one fails in
     seconds, before Ray starts."""
     r = cfg.rollout
-    if local_cpu_run(cfg):
-        check_ram(cfg)  # every process of the run is on this machine
+    if local_cpu_run(cfg) or local_gpu_run(cfg):
+        check_ram(cfg, gpu=not local_cpu_run(cfg))  # every process of the run is on this machine
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         else:
-            need = r.learner_threads + r.num_workers * r.threads_per_worker
-            # "local": a cluster of this run's own, as the docstring says, not one that a
-            # `ray start` left in /tmp/ray/ray_current_cluster (Ray would join it and refuse
-            # num_cpus); a cluster is joined only when RAY_ADDRESS names it
-            ray.init(address="local", num_cpus=need, include_dashboard=False,
-                     log_to_driver=True)
+            # a cluster is joined only when RAY_ADDRESS names it
+            start_local_cluster(r.learner_threads + r.num_workers * r.threads_per_worker)
     devices = plan_devices(cfg.model.device, ray.cluster_resources().get("GPU", 0),
                            r.num_workers)
     if devices.shared_card:
@@ -181,13 +191,20 @@ def local_cpu_run(cfg: Config) -> bool:
         cfg.model.device == "cpu" or (cfg.model.device == "auto" and not machine_gpus())))
 
 
-def check_ram(cfg: Config) -> None:
-    """Refuse (one line) a local CPU run whose RAM plan exceeds the memory available now."""
+def local_gpu_run(cfg: Config) -> bool:
+    """A run that starts its own Ray cluster on this machine and trains on its GPU."""
+    return (not ray.is_initialized() and not os.environ.get("RAY_ADDRESS") and (
+        cfg.model.device == "cuda" or (cfg.model.device == "auto" and bool(machine_gpus()))))
+
+
+def check_ram(cfg: Config, gpu: bool = False) -> None:
+    """Refuse (one line) a local run whose RAM plan (`gpu`: the host side of a GPU run)
+    exceeds the memory available now."""
     import psutil
 
     from launch.ram_plan import GiB, check
 
-    check(cfg, psutil.virtual_memory().available / GiB)
+    check(cfg, psutil.virtual_memory().available / GiB, gpu=gpu)
 
 
 def refuse_missing_gpu(cfg: Config) -> None:
@@ -207,12 +224,13 @@ def check_shared_card(cfg: Config) -> None:
         raise ConfigError(f"rollout.max_staleness: must be 0 when the learner and the rollout "
                           f"engine share one GPU (they take turns on it); got "
                           f"{cfg.rollout.max_staleness}")
-    gpu_gb = cfg.model.gpu_memory_gb or (
-        card_gb() if machine_gpus() else 0.0)
+    card = driver_card()  # torch asked in a subprocess: no CUDA context in the driver
+    gpu_gb = cfg.model.gpu_memory_gb or (card.total_gb if card else 0.0)
+    if card and card.total_gb:
+        gpu_gb = min(gpu_gb, card.total_gb)  # a cap above the card holds nothing back
     if not gpu_gb:
         log.warning("the driver sees no GPU to size the plan by: pass --gpu-memory-gb N")
         return
-    check(cfg, gpu_gb)
-    if not cfg.rollout.engine_memory_gb:
-        engine = engine_bytes(cfg) / GiB
-        cfg.rollout.engine_memory_gb = round(engine + 0.2, 2)  # workspace margin
+    check(cfg, gpu_gb, card.capability if card else None)
+    if not cfg.rollout.engine_memory_gb:  # the engine's share; its KV cache is the plan's
+        cfg.rollout.engine_memory_gb = round(engine_bytes(cfg) / GiB, 2)

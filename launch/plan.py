@@ -1,27 +1,39 @@
 """GPU memory planner: will a config's learner and rollout engine fit on one card?
 
     python -m launch.plan --preset gpu-8gb --gpu-memory-gb 8      # budget, "fits", exit 0
-    python -m launch.plan --preset gpu-8gb --gpu-memory-gb 4      # "does not fit", exit 1
+    python -m launch.plan --preset gpu-8gb --gpu-memory-gb 6      # "does not fit", exit 1
+    python -m launch.plan --preset gpu-8gb --capability 7.5       # an fp16 card (no bf16)
 
 `launch.train` asks it before any actor starts and refuses a GPU config that does not fit, in
 one line naming the largest consumer and settings that would make it fit.
 
-The learner and the rollout engine time-slice the card (common/device.py): during a rollout the
-learner holds only its resident state and the engine is awake; during a learner step the engine
-sleeps (vLLM's sleep mode: KV cache freed, weights in host memory; the HF engine's model in host
-memory) and the learner adds its activations. The peak is the larger phase. Estimates (bytes):
+The learner and the rollout engine time-slice the card (common/device.py). Three phases:
+
+* start: the learner holds its model, the engine starts (launch/start.py). vLLM measures the
+  free memory after its CUDA context exists and asks for its share of the card then.
+* rollout: the learner idle (resident state only), the engine awake.
+* learn: the learner steps while the engine sleeps. vLLM's sleep moves its weights to host
+  memory and frees the KV cache, but its CUDA context and CUDA-graph pool stay on the card
+  (common/engine_budget.py); the HF engine moves its model to host memory.
+
+The peak is the largest phase. Per process, the caps add up to `--gpu-memory-gb`: the learner
+is capped to the card less the sleeping engine, and the engine gets the card less the idle
+learner (its KV cache is the plan's, `kv_cache_memory_bytes`). Estimates (bytes):
 
 * learner weights: NF4 (qlora) linear layers at 0.5 B/param + 3.2% bitsandbytes double-quant
-  constants, embeddings and an untied LM head in bf16; lora/full: bf16.
-* LoRA: r * (in + out) per adapted linear; fp32 params + grads + two AdamW moments = 16 B each.
-  Full fine-tuning: fp32 master copy + grads + AdamW on every parameter.
-* learner step: activations per micro-batch (b x S tokens, bf16): with gradient checkpointing
+  constants, embeddings and an untied LM head in the compute dtype; lora/full: 2 B/param.
+* LoRA: r * (in + out) per adapted linear; fp32 params + grads + two AdamW moments = 16 B each
+  (in any compute dtype). Full fine-tuning: fp32 master copy + grads + AdamW on every param.
+* learner step: activations per micro-batch (b x S tokens, 2 B): with gradient checkpointing
   one hidden state per layer plus one layer's working set, without it every layer's; the LM
   head in fp32 (a V x H fp32 copy of its weight) at the top-rho tokens only: K x V x 16 B.
-* rollout engine: the policy's base in bf16 (vLLM 0.32 has no bitsandbytes 4-bit, so a QLoRA
-  worker serves the dequantised NF4 base in bf16), a KV cache for G x prompts sequences of
-  prompt + response tokens (2 x layers x kv_heads x head_dim x 2 B per token), 0.3 GiB
-  workspace; asleep it keeps its CUDA context. 0.5 GiB CUDA context per process.
+* engine: the policy's base in the compute dtype (vLLM 0.32 has no bitsandbytes 4-bit, so a
+  QLoRA worker serves the dequantised NF4 base), one LoRA adapter slot, a KV cache for one
+  call's sequences at full length (vLLM's max_num_seqs), 0.3 GiB workspace, vLLM's CUDA graphs
+  (0.25 GiB, kept asleep). 0.5 GiB CUDA context per process.
+
+The compute dtype: bf16 on cards of compute capability 8.0 and newer, fp16 on older ones (the
+same bytes); the driver reads the card's capability in a subprocess (common/device.py).
 """
 
 from __future__ import annotations
@@ -30,31 +42,46 @@ import argparse
 import sys
 
 from common.config import Config, ConfigError
-from common.shapes import Shapes, model_shapes
+from common.device import DeviceError, cuda_dtype
+from common.engine_budget import (
+    CUDA_CONTEXT,
+    CUDA_GRAPHS,
+    ENGINE_WORKSPACE,
+    GiB,
+    engine_batch,
+    kv_bytes,
+    lora_slot_bytes,
+)
+from common.shapes import KNOWN, Shapes, model_shapes
 from launch.presets import PRESETS, get_preset
 
-GiB = 2**30
-CUDA_CONTEXT = 0.5 * GiB
-ENGINE_WORKSPACE = 0.3 * GiB
 NF4_BYTES = 0.5 * 1.032
 """bytes per NF4 weight including bitsandbytes' double-quantised constants"""
 PUBLISHED = {"gpu-8gb": {"model_nf4_gb": 0.85, "peak_gb": 6.5, "group_size": 8}}
 """the seed's published gpu-8gb budget (the tests compare against it)"""
+SMALLER = {"Qwen/Qwen2-0.5B-Instruct": KNOWN["qwen/qwen2-0.5b-instruct"]}
+"""models a refusal may suggest when no single setting makes a config fit"""
+PHASES = ("start", "rollout", "learn")
+KEPT, AWAKE = "engine always", "engine awake"
+"""the engine's parts: kept on the card while it sleeps, and held only while awake"""
 
 
-def weight_bytes(s: Shapes, mode: str) -> float:
+def weight_bytes(s: Shapes, mode: str, nbytes: int = 2) -> float:
     if mode == "qlora":
-        return s.linear_params() * NF4_BYTES + (s.params - s.linear_params()) * 2
-    return s.params * 2
+        return s.linear_params() * NF4_BYTES + (s.params - s.linear_params()) * nbytes
+    return s.params * float(nbytes)
+
+
+def _lora_params(cfg: Config, s: Shapes) -> int:
+    return s.layers * sum(cfg.lora.r * (i + o) for m, (i, o) in s.linear_sizes().items()
+                          if m in cfg.lora.modules())
 
 
 def _train_state(cfg: Config, s: Shapes) -> tuple[str, float]:
-    r = cfg.lora
-    if r.mode == "full":
+    if cfg.lora.mode == "full":
         return "full fine-tuning: fp32 params + grads + AdamW", s.params * 16.0
-    lora = s.layers * sum(r.r * (i + o) for m, (i, o) in s.linear_sizes().items()
-                          if m in r.modules())
-    return f"LoRA r={r.r}: {lora / 1e6:.1f}M params + grads + AdamW (fp32)", lora * 16.0
+    lora = _lora_params(cfg, s)
+    return f"LoRA r={cfg.lora.r}: {lora / 1e6:.1f}M params + grads + AdamW (fp32)", lora * 16.0
 
 
 def _step_parts(cfg: Config, s: Shapes) -> list[tuple[str, float]]:
@@ -73,46 +100,80 @@ def _step_parts(cfg: Config, s: Shapes) -> list[tuple[str, float]]:
             (f"LM-head logits at top-rho tokens ({k} x {s.vocab})", k * s.vocab * 16.0)]
 
 
-def budget(cfg: Config, shapes: Shapes | None = None) -> list[tuple[str, str, float]]:
-    """[(part, component, bytes)]: part is learner (always resident), learner step (only
-    while it trains), engine (only while it rolls out)."""
-    s = shapes or model_shapes(cfg.model.name)
-    ro = cfg.rollout
-    seq = ro.max_prompt_tokens + ro.max_new_tokens
-    seqs = ro.group_size * ro.prompts_per_step
-    kv = seqs * seq * 2 * s.layers * s.kv_heads * s.head_dim * 2.0
-    fmt = "NF4 linears, bf16 embeddings" if cfg.lora.mode == "qlora" else "bf16"
-    rows = [("learner", "CUDA context", CUDA_CONTEXT),
-            ("learner", f"base weights ({fmt})", weight_bytes(s, cfg.lora.mode)),
-            ("learner", *_train_state(cfg, s))]
-    rows += [("learner step", name, v) for name, v in _step_parts(cfg, s)]
-    base = "dequantised NF4 base, bf16" if cfg.lora.mode == "qlora" else "bf16"
-    rows += [("engine", "CUDA context (kept while asleep)", CUDA_CONTEXT),
-             ("engine", f"{ro.engine} weights ({base})", s.params * 2.0),
-             ("engine", f"KV cache ({seqs} seqs x {seq} tokens)", kv),
-             ("engine", "sampler/activation workspace", ENGINE_WORKSPACE)]
+def _engine_parts(cfg: Config, s: Shapes, dtype: str) -> list[tuple[str, str, float]]:
+    ro, nbytes = cfg.rollout, 4 if dtype == "fp32" else 2
+    batch = engine_batch(ro)
+    base = f"dequantised NF4 base, {dtype}" if cfg.lora.mode == "qlora" else dtype
+    rows = [(KEPT, "CUDA context", CUDA_CONTEXT)]
+    if ro.engine == "vllm":
+        rows.append((KEPT, "CUDA graphs (vLLM keeps them while asleep)", CUDA_GRAPHS))
+    rows.append((AWAKE, f"{ro.engine} weights ({base})", s.params * float(nbytes)))
+    if cfg.lora.mode != "full":
+        if ro.engine == "vllm":
+            rows.append((AWAKE, f"LoRA adapter slot (rank {cfg.lora.r}, {dtype})",
+                         float(lora_slot_bytes(s, cfg.lora.r, cfg.lora.modules(), nbytes))))
+        else:
+            rows.append((AWAKE, "LoRA adapters (fp32)", _lora_params(cfg, s) * 4.0))
+    rows += [(AWAKE, f"KV cache ({batch.seqs} seqs x {batch.max_model_len} tokens)",
+              float(kv_bytes(s, batch, nbytes))),
+             (AWAKE, "sampler/activation workspace", ENGINE_WORKSPACE)]
     return rows
 
 
+def budget(cfg: Config, shapes: Shapes | None = None, dtype: str = "bf16"
+           ) -> list[tuple[str, str, float]]:
+    """[(part, component, bytes)]: part is `learner` (always resident), `learner step` (only
+    while it trains), `engine always` (kept while it sleeps), `engine awake` (only while it
+    rolls out). `dtype`: the compute dtype (`cuda_dtype`)."""
+    s = shapes or model_shapes(cfg.model.name)
+    nbytes = 4 if dtype == "fp32" else 2
+    fmt = f"NF4 linears, {dtype} embeddings" if cfg.lora.mode == "qlora" else dtype
+    rows = [("learner", "CUDA context", CUDA_CONTEXT),
+            ("learner", f"base weights ({fmt})", weight_bytes(s, cfg.lora.mode, nbytes)),
+            ("learner", *_train_state(cfg, s))]
+    rows += [("learner step", name, v) for name, v in _step_parts(cfg, s)]
+    return rows + _engine_parts(cfg, s, dtype)
+
+
+def by_process(rows: list[tuple[str, str, float]]) -> dict[str, dict[str, float]]:
+    """{phase: {process: bytes}} of the three phases (see the module docstring)."""
+    part = {p: sum(v for q, _, v in rows if q == p)
+            for p in ("learner", "learner step", KEPT, AWAKE)}
+    return {"start": {"learner": part["learner"], "engine": CUDA_CONTEXT},
+            "rollout": {"learner": part["learner"], "engine": part[KEPT] + part[AWAKE]},
+            "learn": {"learner": part["learner"] + part["learner step"], "engine": part[KEPT]}}
+
+
 def phases(rows: list[tuple[str, str, float]]) -> dict[str, float]:
-    """Bytes on the card in each phase: rollout (engine awake) and learn (engine asleep)."""
-    part = {p: sum(v for q, _, v in rows if q == p) for p in ("learner", "learner step", "engine")}
-    return {"rollout": part["learner"] + part["engine"],
-            "learn": part["learner"] + part["learner step"] + CUDA_CONTEXT}
+    """Bytes on the card in each phase: start, rollout (engine awake), learn (engine asleep)."""
+    return {ph: sum(procs.values()) for ph, procs in by_process(rows).items()}
+
+
+def caps(rows: list[tuple[str, str, float]], gpu_gb: float) -> dict[str, float]:
+    """Bytes each process may hold: the learner the card less the sleeping engine, the engine
+    the card less the idle learner. Each phase then sums to at most `gpu_gb`."""
+    pp = by_process(rows)
+    return {"learner": gpu_gb * GiB - pp["learn"]["engine"],
+            "engine": gpu_gb * GiB - pp["rollout"]["learner"]}
 
 
 def engine_bytes(cfg: Config, shapes: Shapes | None = None) -> float:
-    """Bytes the rollout engine holds on the card while awake (the plan's `engine` rows)."""
-    return sum(v for p, _, v in budget(cfg, shapes) if p == "engine")
+    """Bytes the rollout engine holds on the card while awake (context included)."""
+    return by_process(budget(cfg, shapes))["rollout"]["engine"]
 
 
 def engine_utilization(cfg: Config, gpu_gb: float, shapes: Shapes | None = None) -> float:
-    """vLLM's gpu_memory_utilization (of the card's `gpu_gb`): its share while awake."""
-    return min(0.95, engine_bytes(cfg, shapes) / (gpu_gb * GiB) + 0.02)
+    """vLLM's gpu_memory_utilization (of a card of `gpu_gb`): its share beyond its CUDA
+    context, which it measures after the context exists."""
+    return min(0.95, (engine_bytes(cfg, shapes) - CUDA_CONTEXT) / (gpu_gb * GiB))
 
 
-def suggestions(cfg: Config, gpu_gb: float, shapes: Shapes) -> list[str]:
-    """Single changes that would make `cfg` fit, cheapest first."""
+def _peak(cfg: Config, shapes: Shapes, dtype: str) -> float:
+    return max(phases(budget(cfg, shapes, dtype)).values()) / GiB
+
+
+def suggestions(cfg: Config, gpu_gb: float, shapes: Shapes, dtype: str = "bf16") -> list[str]:
+    """Single changes that would make `cfg` fit, cheapest first; else a smaller model."""
     tries = [("--model.gradient_checkpointing true", "model", "gradient_checkpointing", True),
              ("--grpo.micro_batch", "grpo", "micro_batch", max(1, cfg.grpo.micro_batch // 2)),
              ("--rollout.max_new_tokens", "rollout", "max_new_tokens",
@@ -126,63 +187,101 @@ def suggestions(cfg: Config, gpu_gb: float, shapes: Shapes) -> list[str]:
         if getattr(getattr(trial, section), field) == value:
             continue
         setattr(getattr(trial, section), field, value)
-        if max(phases(budget(trial, shapes)).values()) / GiB <= gpu_gb:
+        if _peak(trial, shapes, dtype) <= gpu_gb:
             out.append(flag if isinstance(value, bool) or flag.endswith(str(value))
                        else f"{flag} {value}")
+    if not out:
+        out = [f"--model.name {name}" for name, small in SMALLER.items()
+               if small.params < shapes.params and _peak(cfg, small, dtype) <= gpu_gb]
     return out
 
 
-def report(cfg: Config, gpu_gb: float, shapes: Shapes | None = None) -> tuple[str, bool, float]:
-    """(table text, fits, peak GiB)."""
+def _table(cfg: Config, gpu_gb: float, rows, dtype: str) -> list[str]:
+    pp, cap = by_process(rows), caps(rows, gpu_gb)
+    lines = [f"  {p:<13} {name:<60} {v / GiB:6.2f} GiB" for p, name, v in rows]
+    lines += ["  " + "-" * 84, f"  {'phase':<58} {'learner':>8} {'engine':>8} {'card':>8}"]
+    what = {"start": "start (learner loaded, engine starting)",
+            "rollout": "rollout (learner idle, engine awake)",
+            "learn": "learn (learner steps, engine asleep)"}
+    for ph in PHASES:
+        lr, en = pp[ph]["learner"] / GiB, pp[ph]["engine"] / GiB
+        lines.append(f"  {what[ph]:<58} {lr:8.2f} {en:8.2f} {lr + en:8.2f}")
+    free = gpu_gb - sum(pp["start"].values()) / GiB
+    ask = (pp["rollout"]["engine"] - CUDA_CONTEXT) / GiB
+    lines += [f"  at its start vLLM finds {free:.2f} GiB free and needs {ask:.2f} (its "
+              f"gpu_memory_utilization {engine_utilization(cfg, gpu_gb):.3f} of {gpu_gb:g} "
+              "GiB; the KV cache is the plan's kv_cache_memory_bytes)",
+              f"  caps: learner {cap['learner'] / GiB:.2f} GiB ({gpu_gb:g} less the sleeping "
+              f"engine), needs {pp['learn']['learner'] / GiB:.2f}; engine "
+              f"{cap['engine'] / GiB:.2f} GiB ({gpu_gb:g} less the idle learner), needs "
+              f"{pp['rollout']['engine'] / GiB:.2f}"]
+    return lines
+
+
+def report(cfg: Config, gpu_gb: float, shapes: Shapes | None = None,
+           capability: tuple[int, int] | None = None) -> tuple[str, bool, float]:
+    """(table text, fits, peak GiB). `capability`: the card's (None: not known here)."""
     s = shapes or model_shapes(cfg.model.name)
-    rows = budget(cfg, s)
+    dtype, why = cuda_dtype(cfg.model.dtype, capability)
+    rows = budget(cfg, s, dtype)
     phase = phases(rows)
     peak = max(phase.values()) / GiB
     fits = peak <= gpu_gb
+    batch = engine_batch(cfg.rollout)
     lines = [f"{cfg.preset}: {cfg.model.name} ({s.params / 1e9:.2f}B params), "
              f"lora.mode={cfg.lora.mode}, engine={cfg.rollout.engine}, "
              f"G={cfg.rollout.group_size}, gradient_checkpointing="
-             f"{cfg.model.gradient_checkpointing}; learner and engine time-slice the card", ""]
-    lines += [f"  {p:<13} {name:<60} {v / GiB:6.2f} GiB" for p, name, v in rows]
-    lines += ["  " + "-" * 84,
-              f"  rollout phase (learner resident + engine awake) {phase['rollout'] / GiB:27.2f} "
-              "GiB",
-              f"  learn phase (learner + its step + engine asleep) {phase['learn'] / GiB:26.2f} "
-              "GiB",
-              f"  {'peak':<76} {peak:6.2f} GiB of {gpu_gb:g}: "
-              + ("fits" if fits else "does not fit") + f" ({gpu_gb - peak:+.2f} GiB)",
-              f"  vLLM gpu_memory_utilization (of {gpu_gb:g} GiB): "
-              f"{engine_utilization(cfg, gpu_gb, s):.2f}"]
+             f"{cfg.model.gradient_checkpointing}; learner and engine time-slice the card",
+             f"dtype {dtype} ({why}); vLLM max_num_seqs {batch.seqs}, "
+             f"max_num_batched_tokens {batch.batched_tokens}", ""]
+    lines += _table(cfg, gpu_gb, rows, dtype)
+    worst = max(phase, key=phase.get)
+    lines.append(f"  {'peak':<76} {peak:6.2f} GiB of {gpu_gb:g}: "
+                 + ("fits" if fits else "does not fit") + f" ({gpu_gb - peak:+.2f} GiB, the "
+                 f"{worst} phase)")
     if cfg.preset in PUBLISHED:
         pub = PUBLISHED[cfg.preset]
         lines.append(f"  published: model ~{pub['model_nf4_gb']} GB in NF4, peak ~{pub['peak_gb']}"
                      f" GB at G={pub['group_size']}")
     if not fits:
-        lines.append("  " + refusal(cfg, gpu_gb, s))
+        lines.append("  " + refusal(cfg, gpu_gb, s, capability))
     return "\n".join(lines), fits, peak
 
 
-def refusal(cfg: Config, gpu_gb: float, shapes: Shapes | None = None) -> str:
+def refusal(cfg: Config, gpu_gb: float, shapes: Shapes | None = None,
+            capability: tuple[int, int] | None = None) -> str:
     """One line: why `cfg` does not fit `gpu_gb` and what would make it fit."""
     s = shapes or model_shapes(cfg.model.name)
-    rows = budget(cfg, s)
+    dtype, _ = cuda_dtype(cfg.model.dtype, capability)
+    rows = budget(cfg, s, dtype)
     phase = phases(rows)
     worst = max(phase, key=phase.get)
-    keep = ("learner", "learner step") if worst == "learn" else ("learner", "engine")
+    keep = ("learner", "learner step") if worst == "learn" else ("learner", KEPT, AWAKE)
     big = max((r for r in rows if r[0] in keep), key=lambda r: r[2])
-    fixes = suggestions(cfg, gpu_gb, s)
+    who = "engine" if big[0] in (KEPT, AWAKE) else big[0]
+    fixes = suggestions(cfg, gpu_gb, s, dtype)
     return (f"does not fit {gpu_gb:g} GiB: the {worst} phase needs {phase[worst] / GiB:.2f} GiB, "
-            f"largest {big[0]} {big[1]} {big[2] / GiB:.2f} GiB; "
+            f"largest {who} {big[1]} {big[2] / GiB:.2f} GiB; "
             + (f"would fit with {' or '.join(fixes)}" if fixes else
                "no single setting fixes it: use a smaller model or a bigger card"))
 
 
-def check(cfg: Config, gpu_gb: float) -> None:
+def check(cfg: Config, gpu_gb: float, capability: tuple[int, int] | None = None) -> None:
     """Raise ConfigError (one line) unless `cfg` fits a card of `gpu_gb` GiB."""
-    _, fits, _ = report(cfg, gpu_gb)
+    try:
+        _, fits, _ = report(cfg, gpu_gb, capability=capability)
+    except DeviceError as err:  # bf16 asked of a card without it
+        raise ConfigError(f"{cfg.preset}: {err}") from None
     if not fits:
-        raise ConfigError(f"{cfg.preset}: {refusal(cfg, gpu_gb)} "
+        raise ConfigError(f"{cfg.preset}: {refusal(cfg, gpu_gb, capability=capability)} "
                           "(python -m launch.plan shows the budget)")
+
+
+def _capability(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="gpu-8gb", help=f"one of {', '.join(PRESETS)}")
     ap.add_argument("--gpu-memory-gb", "--gpu-gb", dest="gpu_gb", type=float, default=8.0,
                     help="GPU memory to plan for, GiB")
+    ap.add_argument("--capability", default=None,
+                    help="the card's CUDA compute capability, e.g. 7.5 (picks fp16) or 8.6")
     ap.add_argument("--group-size", type=int, default=None, help="override rollout.group_size")
     ap.add_argument("--no-checkpointing", action="store_true",
                     help="plan without gradient checkpointing")
@@ -200,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.rollout.group_size = args.group_size
         if args.no_checkpointing:
             cfg.model.gradient_checkpointing = False
-        text, fits, _ = report(cfg, args.gpu_gb)
+        text, fits, _ = report(cfg, args.gpu_gb, capability=_capability(args.capability))
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -80,7 +80,8 @@ def _cpu_14core() -> Config:
 def _gpu_8gb() -> Config:
     return Config(
         preset="gpu-8gb",
-        model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="bf16",
+        # dtype auto: bf16 on cards of compute capability >= 8.0, fp16 on older ones
+        model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="auto",
                           gradient_checkpointing=True, device="cuda", gpu_memory_gb=8.0),
         lora=LoraConfig(mode="qlora", r=16, alpha=32),
         # one card, time-sliced: the engine sleeps while the learner steps, so no overlap

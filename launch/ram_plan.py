@@ -28,6 +28,14 @@ processes map) count once in total. Per process (bytes):
 
 Prompts are planned at PROMPT_TOKENS of the task (the chat template included), not at
 rollout.max_prompt_tokens: the worst case would overstate a 60-token arithmetic prompt 4x.
+
+A GPU run (`--gpu`, `gpu_rows`) keeps its models on the card; its host side is each process's
+runtime with CUDA's libraries (CUDA_HOST, an estimate), the learner's exported adapter, and the
+rollout worker's copy of the engine's weights: vLLM's sleep keeps them in pinned host memory
+while the learner steps (the HF engine moves its model there), and a QLoRA worker's start-up
+dequantises the NF4 base on the CPU (the NF4 model and the dequantised linears in their bf16,
+freed once the engine holds them), the larger of the two counting. Adapter pushes are files in
+/dev/shm, which is RAM: two at a time (actors/adapter_files.py).
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ ACT_OVERHEAD = 3.5
 (2 hidden + q + k + v + attention out + 3 intermediate values): 3.4-4.2 measured on cpu-demo
 (the step's peak above the resident model for micro-batches of 2, 4 and 8 sequences: the
 saved tensors, their gradients, LoRA inputs and the allocator's slack)"""
+CUDA_HOST = 1.0 * GiB
+"""host memory of a process's CUDA runtime, cuBLAS and kernel images (estimate, not measured)"""
 PROMPT_TOKENS = {"arith": 70, "gsm8k": 200}
 """typical chat-formatted prompt length of each task (tokens)"""
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -147,9 +157,41 @@ def _vllm_w0_each(cfg: Config, s: Shapes) -> float:
     return stored / (cfg.rollout.num_workers + _file_shared_with_learner(cfg, s))
 
 
-def budget(cfg: Config, shapes: Shapes | None = None) -> list[tuple[str, str, float]]:
-    """[(process, component, bytes)] of a CPU run: driver, learner, each rollout worker."""
+def gpu_rows(cfg: Config, s: Shapes) -> list[tuple[str, str, float]]:
+    """[(process, component, bytes)] of host memory in a GPU run (see the module docstring)."""
+    from launch.plan import NF4_BYTES
+
+    ro, lora = cfg.rollout, cfg.lora.mode != "full"
+    adapter = (_lora_params(cfg, s) if lora else s.params) * 4.0
+    weights = s.params * 2.0  # bf16 or fp16 on a card
+    rows = [("driver", "runtime (imports)", DRIVER_RUNTIME),
+            ("learner", "runtime", RUNTIME), ("learner", "CUDA runtime, host side", CUDA_HOST),
+            ("learner", "exported update (fp32, for the object store)", adapter)]
+    w = [("runtime", RUNTIME), ("verifier process", VERIFIER)]
+    if ro.engine == "vllm":
+        w.append(("vLLM engine runtime", VLLM_RUNTIME))
+    w += [("CUDA runtime, host side", CUDA_HOST),
+          ("engine weights in host memory while asleep" + (
+              " (pinned)" if ro.engine == "vllm" else ""), weights)]
+    if cfg.lora.mode == "qlora":
+        nf4 = s.linear_params() * NF4_BYTES + (s.params - s.linear_params()) * 2.0
+        start = nf4 + s.linear_params() * 2.0  # the NF4 model + its dequantised linears
+        w.append(("start-up: NF4 base dequantised on the CPU, beyond that",
+                  max(0.0, start - weights)))
+    if ro.engine == "vllm" and lora:
+        w.append(("adapter files in /dev/shm (two during a push)", 2 * adapter))
+    for i in range(ro.num_workers):
+        rows += [(f"rollout-{i}", name, v) for name, v in w]
+    return rows
+
+
+def budget(cfg: Config, shapes: Shapes | None = None,
+           gpu: bool = False) -> list[tuple[str, str, float]]:
+    """[(process, component, bytes)] of a CPU run (`gpu`: of a GPU run's host side): driver,
+    learner, each rollout worker."""
     s = shapes or model_shapes(cfg.model.name)
+    if gpu:
+        return gpu_rows(cfg, s)
     ro = cfg.rollout
     dtype = run_dtype(cfg)
     weights = s.params * float(DTYPE_BYTES[dtype])
@@ -175,14 +217,16 @@ def per_process(rows: list[tuple[str, str, float]]) -> dict[str, float]:
     return out
 
 
-def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> tuple[str, bool, float]:
-    """(table text, fits, total GiB)."""
+def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None,
+           gpu: bool = False) -> tuple[str, bool, float]:
+    """(table text, fits, total GiB); `gpu`: the host side of a GPU run."""
     s = shapes or model_shapes(cfg.model.name)
-    rows = budget(cfg, s)
+    rows = budget(cfg, s, gpu)
     procs = per_process(rows)
     total = sum(procs.values()) / GiB
+    run = "models on the GPU" if gpu else f"run {run_dtype(cfg)}"
     lines = [f"{cfg.preset}: {cfg.model.name} ({s.params / 1e6:.0f}M params, stored "
-             f"{s.dtype}, run {run_dtype(cfg)}), engine={cfg.rollout.engine}, "
+             f"{s.dtype}, {run}), engine={cfg.rollout.engine}, "
              f"{cfg.rollout.num_workers} worker(s), micro_batch={cfg.grpo.micro_batch}", ""]
     lines += [f"  {p:<10} {name:<56} {v / GiB:6.2f} GiB" for p, name, v in rows]
     lines += ["  " + "-" * 76]
@@ -192,10 +236,10 @@ def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> tuple[st
     return "\n".join(lines), total <= ram_gb, total
 
 
-def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> str:
+def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None, gpu: bool = False) -> str:
     """One line: the plan's total, its largest consumer, and what to change."""
     s = shapes or model_shapes(cfg.model.name)
-    rows = budget(cfg, s)
+    rows = budget(cfg, s, gpu)
     total = sum(v for _, _, v in rows) / GiB
     n = cfg.rollout.num_workers
     groups: dict[tuple[str, str], float] = {}  # a component summed over the rollout workers
@@ -213,12 +257,12 @@ def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None) -> str:
             f"{proc}: {name} {big / GiB:.2f} GiB; try {hint} (python -m launch.ram_plan)")
 
 
-def check(cfg: Config, available_gb: float) -> None:
-    """Raise ConfigError (one line) when a CPU config's plan exceeds `available_gb`."""
+def check(cfg: Config, available_gb: float, gpu: bool = False) -> None:
+    """Raise ConfigError (one line) when a config's RAM plan exceeds `available_gb`."""
     s = model_shapes(cfg.model.name)  # once: it reads the model's config
-    _, fits, _ = report(cfg, available_gb, s)
+    _, fits, _ = report(cfg, available_gb, s, gpu)
     if not fits:
-        raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb, s)}")
+        raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb, s, gpu)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,12 +275,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="RAM to plan for, GiB (default: available now)")
     ap.add_argument("--engine", choices=("hf", "vllm"), default=None, help="rollout.engine")
     ap.add_argument("--num-workers", type=int, default=None, help="rollout.num_workers")
+    ap.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=None,
+                    help="plan the host side of a GPU run (default: when the preset's "
+                         "model.device is cuda)")
     args = ap.parse_args(argv)
     try:
         cfg = get_preset(args.preset)
         cfg.rollout.engine = args.engine or cfg.rollout.engine
         cfg.rollout.num_workers = args.num_workers or cfg.rollout.num_workers
-        text, fits, _ = report(cfg, args.ram_gb)
+        gpu = cfg.model.device == "cuda" if args.gpu is None else args.gpu
+        text, fits, _ = report(cfg, args.ram_gb, gpu=gpu)
     except (ConfigError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

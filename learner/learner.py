@@ -19,6 +19,7 @@ import torch
 from common import metrics as M
 from common.core_lease import LEARNER, Lease, NoLease, flag_path, lease_key, set_torch_threads
 from common.device import actor_device, cap_process_memory, ray_placement
+from common.engine_budget import learner_cap_gb
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.state_io import (
     load_state,
@@ -41,8 +42,6 @@ from learner.model import (
     shared_prefix_logprobs,
 )
 
-ENGINE_ASLEEP_GB = 0.5
-"""GiB a sleeping rollout engine keeps on a shared card (its CUDA context)"""
 CKPT = "learner"
 """file stem of the learner's part of a checkpoint (learner.safetensors + learner.json)"""
 
@@ -66,7 +65,8 @@ class Learner:
         self.lease = self._lease()
         if self.device == "cuda" and cfg.model.gpu_memory_gb:
             # the card is time-sliced with the rollout engine, which keeps its CUDA context
-            cap_process_memory(cfg.model.gpu_memory_gb - ENGINE_ASLEEP_GB)
+            # (and vLLM its CUDA graphs) while it sleeps (common/engine_budget.py)
+            cap_process_memory(learner_cap_gb(cfg.model.gpu_memory_gb, cfg.rollout.engine))
         self.model, self.trainable = build_policy(cfg.model, cfg.lora, self.device)
         # Autocast only where weights are fp32 masters (full FT); a bf16 LoRA base runs as is.
         self.autocast = pick_dtype(cfg.model.dtype) if cfg.lora.mode == "full" else torch.float32
@@ -82,9 +82,18 @@ class Learner:
         if cfg.grpo.beta > 0 and cfg.lora.mode == "full":
             self.ref_model, _ = build_policy(cfg.model, cfg.lora, self.device)  # full FT only
             self.ref_model.requires_grad_(False)
+        self.built_at = time.time()
 
     def ping(self) -> int:
         return self.version
+
+    def ready(self) -> dict:
+        """Answers once the model is built (Ray runs it after __init__): `allocated_bytes` of
+        the card this process holds (0 on a CPU), and `built_at` (time.time()). On a shared
+        card the driver waits for it before it starts the rollout engine, which measures the
+        card's free memory as it starts (common/engine_budget.py)."""
+        held = torch.cuda.memory_allocated() if self.device == "cuda" else 0
+        return {"allocated_bytes": int(held), "device": self.device, "built_at": self.built_at}
 
     def close(self) -> None:
         """The run is over: remove this node's core-sharing flag file (the actor is killed

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from common.models import cpu_supports_bf16, load_model, resolve_model
+from common.device import torch_dtype
+from common.models import load_model, resolve_model
 from common.quant import load_nf4_model
 
 LOGITS_CHUNK_BYTES = 64 * 2**20
@@ -26,14 +27,10 @@ LOGITS_CHUNK_BYTES = 64 * 2**20
 
 
 def pick_dtype(dtype: str) -> torch.dtype:
-    """Compute dtype for autocast: bf16 where the hardware runs it fast, else fp32."""
-    if dtype == "bf16":
-        return torch.bfloat16
-    if dtype == "fp32":
-        return torch.float32
-    if torch.cuda.is_available() or cpu_supports_bf16():
-        return torch.bfloat16
-    return torch.float32
+    """Compute dtype of the base (common.device.compute_dtype): on a GPU bf16 from compute
+    capability 8.0, fp16 below; on a CPU bf16 with AMX, else fp32. Trainable tensors stay fp32
+    whatever it is (`build_policy`)."""
+    return torch_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def build_policy(model_cfg, lora_cfg, device: str = "cpu"):

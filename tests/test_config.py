@@ -21,7 +21,7 @@ from launch.cli import field_docs, parse_config
 from launch.presets import PRESETS, get_preset
 
 BAD_FIELDS = [
-    (ModelConfig, "dtype", "fp16", "model.dtype: must be one of auto, bf16, fp32"),
+    (ModelConfig, "dtype", "fp8", "model.dtype: must be one of auto, bf16, fp16, fp32"),
     (ModelConfig, "name", "", "model.name"),
     (LoraConfig, "mode", "dora", "lora.mode: must be one of full, lora, qlora"),
     (LoraConfig, "r", 0, "lora.r: must be in [1, 1024]"),

@@ -62,7 +62,7 @@ def test_planner_parts_against_hand_computed_sizes():
     phase = plan.phases(plan.budget(cfg, S))
     learner = sum(v for p, _, v in plan.budget(cfg, S) if p == "learner")
     assert phase["rollout"] == learner + sum(v for p, _, v in plan.budget(cfg, S)
-                                             if p == "engine")
+                                             if p in (plan.KEPT, plan.AWAKE))
 
 
 def test_planner_fits_8_and_refuses_4_naming_the_largest_consumer():
@@ -104,7 +104,9 @@ def ray_with_a_declared_gpu(own_ray):
 def test_shared_card_requests_and_time_slicing_gpu_mocked_by_a_declared_ray_gpu(
         ray_with_a_declared_gpu, tmp_path):
     """With a GPU in the cluster the learner and the rollout worker each ask Ray for half of
-    it, and the engine sleeps through every learner step and wakes before the next push."""
+    it, the worker starts only once the learner holds its model (vLLM measures the card's free
+    memory as it starts), and the engine sleeps through every learner step and wakes before
+    the next push."""
     from launch.train import Trainer
 
     cfg = get_preset("tiny")
@@ -116,9 +118,12 @@ def test_shared_card_requests_and_time_slicing_gpu_mocked_by_a_declared_ray_gpu(
         trainer.run()
         log = list(trainer.card_log)
         learner = ray.get(trainer.learner.placement.remote())
+        ready = ray.get(trainer.learner.ready.remote())
         (worker,) = ray.get([w.ping.remote() for w in trainer.pool.workers])
     finally:
         trainer.shutdown()
+    assert ready["allocated_bytes"] == 0 and ready["device"] == "cpu"  # no CUDA in torch here
+    assert 0 < ready["built_at"] < worker["started_at"]  # learner holds its model, then engine
     assert learner["resources"].get("GPU") == worker["resources"].get("GPU") == 0.5
     assert learner["device"] == "cpu"  # torch sees no CUDA here: the models stayed on the CPU
     assert log == [("sleep", 0), ("wake", 1), ("sleep", 1), ("wake", 2), ("sleep", 2),
@@ -153,6 +158,37 @@ def test_gpu_smoke_script_runs_its_code_on_cpu_without_ray_or_vllm(tmp_path):
     res = json.loads(out.read_text())
     assert res["rollout_tokens"] == 2 * 4 * 8 and res["learner_step_s"] > 0
     assert {"learn_plan_gb", "rollout_plan_gb", "s_per_step", "versions"} <= set(res)
+
+
+def test_gpu_smoke_two_processes_take_turns_on_one_device_simulated_on_cpu(tmp_path):
+    """--two-process: a learner process and an engine process, as the preset runs them. On a
+    CPU the engine's move of its weights off the device is simulated (its tensors emptied, a
+    copy kept aside) and each process's resident memory stands in for the card."""
+    import json
+    import os
+
+    out = tmp_path / "two.json"
+    code = ("import sys; from tools.gpu_smoke import main; "
+            f"rc = main(['--cpu', '--two-process', '--steps', '2', '--group', '4', "
+            f"'--prompt-tokens', '16', '--new-tokens', '8', '--json', {str(out)!r}]); "
+            "assert 'ray' not in sys.modules and 'vllm' not in sys.modules, 'imported'; "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    pids = res["pids"]
+    assert len({pids["learner"], pids["engine"], pids["driver"], os.getpid()}) == 4
+    assert res["imported"] == []  # neither child imported Ray or vLLM
+    for w in res["engine_weights_bytes"]:  # off the device while the learner steps, and back
+        assert w["awake"] > 0 and w["asleep"] == 0 and w["woken"] == w["awake"]
+    for phase, procs in res["phases"].items():  # summed from each process's measured peak
+        assert procs["learner"]["peak_gb"] > 0 and procs["engine"]["peak_gb"] > 0
+        assert res["phase_sum_gb"][phase] == pytest.approx(
+            procs["learner"]["peak_gb"] + procs["engine"]["peak_gb"])
+    assert res["under_cap"] == (max(res["phase_sum_gb"].values()) <= res["cap_gb"])
+    assert len(res["step_s"]) == 2 and res["s_per_step"] > 0
+    assert "summed per phase" in proc.stdout and "simulated" in proc.stdout
 
 
 def test_ping_of_a_worker_built_in_the_driver_beside_a_running_cluster(ray_cluster):

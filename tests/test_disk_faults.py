@@ -77,7 +77,8 @@ def test_a_full_disk_skips_one_checkpoint_and_keeps_the_run(ray_cluster, small_d
     rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
     assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == ["ckpt-000004"]
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == [
+        "ckpt-000004", "ckpt-000005"]  # the run's end is a checkpoint too
     assert not [p for p in os.listdir(run) if p.startswith(".tmp-")]  # no half-written dir
 
 
@@ -151,7 +152,8 @@ def test_a_run_dir_gone_read_only_skips_the_checkpoint_and_keeps_the_run(ray_clu
     rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
     assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == ["ckpt-000004"]
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == [
+        "ckpt-000004", "ckpt-000005"]  # the run's end is a checkpoint too
 
 
 def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_disk):

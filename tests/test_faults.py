@@ -193,10 +193,9 @@ def test_bad_model_or_data_is_one_line_error(tmp_path, argv, msg):
 def test_damaged_or_old_checkpoint_is_a_one_line_error(reference_run, tmp_path, damage):
     """`--resume` on a checkpoint it cannot read: one stderr line naming the file, exit 2, and
     nothing unpickled (a checkpoint holds no pickle at all)."""
-    cfg = tiny(steps=2)
-    cfg.run.checkpoint_every = 1
+    cfg = tiny(steps=2)  # checkpoint_every 0: the run's end, ckpt-000002, is its only one
     shutil.copytree(reference_run(cfg), tmp_path, dirs_exist_ok=True)  # a copy to damage
-    ckpt = tmp_path / "ckpt-000001"
+    ckpt = tmp_path / "ckpt-000002"
     assert sorted(p.name for p in ckpt.iterdir()) == [
         "COMPLETE", "driver.json", "driver.safetensors", "learner.json", "learner.safetensors"]
     if damage == "old_pickle":  # what the code before plain-state checkpoints wrote
@@ -273,25 +272,25 @@ def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path
     are never listed; the newest complete one with damaged tensors is refused with a warning,
     and the run resumes from the one before it and ends with one row per step."""
     cfg = tiny(steps=5)
-    cfg.run.checkpoint_every = 2
+    cfg.run.checkpoint_every, cfg.run.keep_checkpoints = 2, 3
     run_to_end(Trainer(cfg, str(tmp_path)))
     os.makedirs(tmp_path / ".tmp-ckpt-000006-999")
     os.makedirs(tmp_path / "ckpt-000006")
     (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
     assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
-        "ckpt-000002", "ckpt-000004"]
-    data = (tmp_path / "ckpt-000004" / "learner.safetensors").read_bytes()
-    (tmp_path / "ckpt-000004" / "learner.safetensors").write_bytes(data[: len(data) // 2])
+        "ckpt-000002", "ckpt-000004", "ckpt-000005"]  # the run's end (step 5) is one too
+    data = (tmp_path / "ckpt-000005" / "learner.safetensors").read_bytes()
+    (tmp_path / "ckpt-000005" / "learner.safetensors").write_bytes(data[: len(data) // 2])
     cfg.run.steps = 6
     with caplog.at_level("WARNING", logger="homerl.train"):
         resumed = Trainer(cfg, str(tmp_path), resume=True)
     try:
-        assert resumed.start == 2
+        assert resumed.start == 4
         resumed.run()
     finally:
         resumed.shutdown()
-    assert any("ckpt-000004" in r.message and "previous checkpoint" in r.message
-               and "ckpt-000002" in r.message for r in caplog.records)
+    assert any("ckpt-000005" in r.message and "previous checkpoint" in r.message
+               and "ckpt-000004" in r.message for r in caplog.records)
     rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
 

@@ -1,5 +1,6 @@
 """End-to-end tiny runs on a real local Ray cluster: outputs, staleness, weight sync, resume."""
 
+import shutil
 
 import pytest
 
@@ -88,10 +89,12 @@ def test_two_workers_split_prompts(run_tiny, tmp_path):
 @pytest.mark.parametrize("rollout", [{}, {"max_staleness": 3, "steps_per_call": 2}])
 def test_resume_reproduces_uninterrupted_run(run_tiny, reference_run, tmp_path, rollout):
     full = run_io.read_jsonl(str(reference_run(tiny_cfg(6, **rollout)) / "metrics.jsonl"))
-    # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6.
+    # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6. Its end
+    # (step 4) is a checkpoint too: removed here, as a run killed before its end has none.
     run_tiny(tmp_path / "b", steps=4, **rollout)
     ckpts = sorted(p.name for p in (tmp_path / "b").iterdir() if p.name.startswith("ckpt-"))
-    assert ckpts == ["ckpt-000002"]
+    assert ckpts == ["ckpt-000002", "ckpt-000004"]
+    shutil.rmtree(tmp_path / "b" / "ckpt-000004")
     _, resumed, _ = run_tiny(tmp_path / "b", steps=6, resume=True, **rollout)
     assert [r["step"] for r in resumed] == list(range(6))
     assert any(r["grad/norm"] > 0 for r in full[2:])  # the resumed steps do train

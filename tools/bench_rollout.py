@@ -96,7 +96,7 @@ def rollout_vllm(cfg, prompts: list[dict], s: Settings, reps: int) -> list[tuple
 
 def rollout_ray(s: Settings, n_workers: int, reps: int) -> float:
     from launch.pool import WorkerPool
-    from launch.train import rollout_worker_class
+    from launch.start import rollout_worker_class
 
     cfg = ours_config(s)
     cfg.rollout.num_workers, cfg.rollout.threads_per_worker = n_workers, 1

@@ -1,6 +1,7 @@
 """One 8 GB card, measured: a learner step and a rollout of the gpu-8gb preset on a real GPU.
 
     python -m tools.gpu_smoke --gpu-memory-gb 8                 # the preset's 1.5B, random init
+    python -m tools.gpu_smoke --gpu-memory-gb 8 --two-process   # learner and engine processes
     python -m tools.gpu_smoke --gpu-memory-gb 8 --model qwen/qwen2.5-1.5b-instruct --group 4
 
 Needs only PyTorch (CUDA), transformers and peft; bitsandbytes is optional (NF4 QLoRA with it,
@@ -14,6 +15,10 @@ prompt + completion tokens; then the HF rollout engine (the policy's base in bf1
 beside the resident learner, as the time-sliced card holds it) sampling G x prompts completions
 of up to max_new_tokens. It prints each phase's peak GPU memory next to launch.plan's estimate,
 and s/step = learner step + rollout.
+
+`--two-process` runs them as the preset does, a learner process and an engine process taking
+turns on the device for `--steps` steps (tools/gpu_share.py): per phase and process the peak
+against the plan, the two processes summed per phase against the cap, s/step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 import numpy as np
 import torch
 
+from common.device import torch_dtype
 from common.shapes import KNOWN, Shapes, build_random_model
 from common.types import TrainBatch
 from launch import plan
@@ -48,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=512)
+    p.add_argument("--two-process", action="store_true",
+                   help="learner and engine in two processes taking turns on the device")
+    p.add_argument("--steps", type=int, default=3, help="steps of --two-process")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--cpu", action="store_true",
                    help="run the same code on the CPU with a tiny shape (a check of this script "
@@ -74,6 +83,7 @@ def config(args, path: str, qlora: bool):
     cfg.model.name, cfg.model.gpu_memory_gb = path, args.gpu_memory_gb
     cfg.lora.mode = "qlora" if qlora else "lora"
     r = cfg.rollout
+    r.engine = "hf"  # what this script samples with: the plan then counts that engine
     r.group_size, r.prompts_per_step = args.group, args.prompts
     r.max_prompt_tokens, r.max_new_tokens = args.prompt_tokens, args.new_tokens
     return cfg
@@ -114,7 +124,8 @@ def rollout_phase(cfg, path: str, vocab: int, device: str) -> tuple[float, int, 
     from actors.sampling import BehaviourRecorder, hf_generation_config
 
     r = cfg.rollout
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    dtype = torch_dtype(cfg.model.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     gen = hf_generation_config(r.max_new_tokens, [vocab + 1], 0)  # an EOS it never samples
     gen.return_dict_in_generate = True
     rng = np.random.default_rng(2)
@@ -139,17 +150,16 @@ def main(argv=None) -> int:
         print("tools.gpu_smoke: error: no CUDA GPU visible to PyTorch (--cpu checks the script "
               "itself on a CPU)", file=sys.stderr)
         return 2
-    try:
-        import bitsandbytes  # noqa: F401
-
-        qlora = True
-    except ImportError:
-        qlora = False
+    qlora = _versions()["bitsandbytes"] is not None
+    print("NF4 QLoRA (bitsandbytes imports)" if qlora else
+          "bitsandbytes does not import: LoRA on a bf16 base, not NF4 QLoRA")
     shapes = TINY if args.cpu else KNOWN[args.model.lower()]
     device = "cpu" if args.cpu else "cuda"
     with tempfile.TemporaryDirectory(prefix="homerl-smoke-") as path:
         build_random_model(shapes, torch.bfloat16).save_pretrained(path)
         cfg = config(args, path, qlora)
+        if args.two_process:
+            return _two_process(args, cfg, path, shapes, device)
         rows = plan.budget(cfg, shapes)
         est = plan.phases(rows)
         learner, step_s, learn_peak = learner_phase(cfg, shapes.vocab)
@@ -183,7 +193,31 @@ def main(argv=None) -> int:
     return 0
 
 
+def _two_process(args, cfg, path: str, shapes, device: str) -> int:
+    from tools.gpu_share import report, run_two_process
+
+    if args.cpu:
+        cfg.rollout.threads_per_worker = cfg.rollout.learner_threads = 1
+    res = run_two_process(cfg, path, shapes, args.steps, args.gpu_memory_gb)
+    res |= {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "model": "tiny (--cpu)" if args.cpu else args.model, "lora_mode": cfg.lora.mode,
+            "group": args.group, "prompts": args.prompts,
+            "tokens": [args.prompt_tokens, args.new_tokens],
+            "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                         **_versions()}}
+    print(f"two processes on {res['device']}, cap {args.gpu_memory_gb:g} GiB, {cfg.lora.mode}, "
+          f"G={args.group} x {args.prompts} prompts, {args.prompt_tokens} + {args.new_tokens} "
+          f"tokens, {args.steps} steps" + ("; CPU: resident memory stands in for the card, "
+                                           "the weights' move is simulated" if args.cpu else ""))
+    print(report(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 def _versions() -> dict:
+    """Installed versions; bitsandbytes None when it does not import (e.g. no kernels)."""
     import importlib.metadata as md
 
     out = {}
@@ -192,6 +226,10 @@ def _versions() -> dict:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             out[name] = None
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or kernels that fail to load
+        out["bitsandbytes"] = None
     return out
 
 

@@ -1,0 +1,423 @@
+"""The run directory under faults: what a crash, a power cut, a full disk, a second driver or a
+wrong directory does to a run, with real files and real processes (no Ray, except the two tests
+of the end-of-run checkpoint).
+
+* `--run-dir` refuses a non-empty directory that is not a run of this project (a model dir);
+* `--resume` drops a torn last metrics line with one warning, refuses a malformed config.json
+  and the flags a resume may not change in one line, applies and records the ones it may;
+* the metrics rewrite of a resume and every checkpoint write are durable: a process killed at
+  each cut point in turn always leaves a whole, loadable checkpoint (keep_checkpoints 1), and
+  every file and directory is fsync'ed before anything older is removed;
+* one driver per run directory (flock), a dead holder's lock taken over;
+* the end of a run is a resumable checkpoint; a failure there is one line naming the last good;
+* safetensors' full-disk errors keep their errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.state_io import save_state
+from launch import run_io
+from launch.cli import resolve_run
+from launch.presets import get_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER, LOCK, HISTORY = ".homerl-run", ".homerl-lock", "config-history.jsonl"  # run_dir.py's
+
+
+def tiny_run_dir(path: Path, steps: int = 4) -> Path:
+    """A run directory as a driver leaves it before training: marker and config.json."""
+    cfg = get_preset("tiny")
+    cfg.run.steps = steps
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text("{}\n")
+    run_io.write_json(str(path / "config.json"), cfg.to_dict())
+    return path
+
+
+def refused(capsys, argv) -> str:
+    """resolve_run(argv) must exit 2 with one stderr line; returns it."""
+    with pytest.raises(SystemExit) as e:
+        resolve_run(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---- 1. --run-dir takes only a new, empty or pre-created run directory ------------------------
+def test_run_dir_refuses_a_model_dir_and_any_other_non_run_directory(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "model.safetensors").write_bytes(b"\0" * 16)
+    err = refused(capsys, ["--preset", "tiny", "--run-dir", str(model)])
+    assert err == (f"launch.train: error: --run-dir {model} is not empty and is not a homerl run "
+                   "(it holds config.json, model.safetensors): pick a new or empty directory; "
+                   "to continue a run of this project use --resume RUN_DIR")
+    assert (model / "config.json").read_text() == '{"model_type": "llama"}'
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("x")
+    assert "is not a homerl run (it holds todo.txt)" in refused(
+        capsys, ["--preset", "tiny", "--run-dir", str(other)])
+    trained = tmp_path / "trained"  # a run with checkpoints but no metrics.jsonl
+    (trained / "ckpt-000002").mkdir(parents=True)
+    assert "already holds a run (ckpt-000002): continue it with --resume" in refused(
+        capsys, ["--preset", "tiny", "--run-dir", str(trained)])
+
+
+def test_run_dir_takes_an_empty_dir_and_the_web_apps_pre_created_one(tmp_path):
+    from launch.cli import open_run
+
+    (tmp_path / "empty").mkdir()
+    app = tiny_run_dir(tmp_path / "app")  # webapp.start_run: marker + config.json, then spawn
+    (app / "app.log").write_text("")
+    for d in (tmp_path / "empty", app, tmp_path / "new"):
+        cfg, run_dir, resume, lock = open_run(["--preset", "tiny", "--run-dir", str(d)])
+        lock.release()
+        assert run_dir == str(d) and not resume and (d / MARKER).exists()
+        assert json.loads((d / HISTORY).read_text())["event"] == "start"
+
+
+# ---- 2 and 5. a torn metrics line; the resume's rewrite is atomic -----------------------------
+def test_resume_drops_a_torn_last_metrics_line_with_one_warning(tmp_path, caplog):
+    run = tiny_run_dir(tmp_path / "run")
+    rows = "".join(json.dumps({"step": k, "x": k}) + "\n" for k in range(4))
+    (run / "metrics.jsonl").write_text(rows + '{"step": 4, "x"')  # the driver died mid-write
+    (run / "samples.jsonl").write_text('{"step": 0, "completion": "a"}\n{"step": 2, "compl')
+    with caplog.at_level("WARNING", logger="homerl.train"):
+        writer = run_io.RunWriter(str(run), get_preset("tiny").to_dict(), resume_step=3)
+    warned = [r.message for r in caplog.records if "torn" in r.message]
+    assert len(warned) == 2 and "metrics.jsonl: dropped a torn last line" in warned[0]
+    assert [r["step"] for r in writer.metrics()] == [0, 1, 2]
+    writer.log({"step": 3, "x": 3})  # appends after whole rows, not onto the torn one
+    assert [r["step"] for r in run_io.read_jsonl(str(run / "metrics.jsonl"))] == [0, 1, 2, 3]
+    assert (run / "samples.jsonl").read_text() == '{"step": 0, "completion": "a"}\n'
+
+
+def test_the_resume_rewrite_of_metrics_keeps_the_old_file_if_it_fails(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    old = "".join(json.dumps({"step": k}) + "\n" for k in range(5))
+    path.write_text(old)
+    calls = []
+
+    def dies_on_the_third_row(obj, *a, **kw):
+        calls.append(obj)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return json.JSONEncoder().encode(obj)
+
+    monkeypatch.setattr(run_io.json, "dumps", dies_on_the_third_row)
+    with pytest.raises(OSError):
+        run_io._truncate_jsonl(str(path), 4)
+    monkeypatch.undo()
+    assert path.read_text() == old and os.listdir(tmp_path) == ["metrics.jsonl"]
+    from common import durable
+
+    events = []
+    monkeypatch.setattr(durable, "HOOK", lambda event, p: events.append((event, p)))
+    run_io._truncate_jsonl(str(path), 4)
+    assert [e for e, _ in events] == ["write", "fsync", "rename", "fsync"]  # data, then the dir
+    assert events[-1] == ("fsync", str(tmp_path))
+    assert [r["step"] for r in run_io.read_jsonl(str(path))] == [0, 1, 2, 3]
+
+
+# ---- 3 and 4. the resumed run's config ---------------------------------------------------------
+@pytest.mark.parametrize("text,want", [
+    ("{not json", "config.json: not valid JSON (Expecting property name"),
+    ('{"run": {"steps": 4, "stepz": 5}}', "config.json: run: unknown key(s) ['stepz']"),
+    ('{"run": {"steps": "many"}}', "config.json: run.steps"),
+    ("[1, 2]", "config.json: not a run's config"),
+])
+def test_resume_with_a_bad_config_json_is_one_line(tmp_path, capsys, text, want):
+    run = tiny_run_dir(tmp_path / "run")
+    (run / "config.json").write_text(text)
+    err = refused(capsys, ["--resume", str(run)])
+    assert err.startswith(f"launch.train: error: --resume: {run}/") and want in err, err
+
+
+def test_resume_refuses_flags_that_change_what_is_learnt(tmp_path, capsys):
+    run = tiny_run_dir(tmp_path / "run")
+    err = refused(capsys, ["--resume", str(run), "--grpo.lr", "0.5", "--seed", "7",
+                           "--steps", "9"])
+    assert f"--resume {run}: --grpo.lr, --run.seed cannot change on resume" in err, err
+    assert "A resume may change: --run.steps, --run.checkpoint_every" in err
+    assert "--preset cannot" in refused(capsys, ["--resume", str(run), "--preset", "cpu-demo"])
+    assert "--run-dir" in refused(capsys, ["--resume", str(run), "--run-dir", str(tmp_path)])
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 4  # untouched
+
+
+def test_resume_applies_the_flags_it_may_change_and_records_them(tmp_path):
+    from launch.cli import open_run
+
+    run = tiny_run_dir(tmp_path / "run")
+    argv = ["--resume", str(run), "--steps", "9", "--run.keep_checkpoints", "3",
+            "--seed", "0", "--preset", "tiny"]  # the run's own seed and preset: no change
+    cfg, run_dir, resume, lock = open_run(argv)
+    lock.release()
+    assert resume and cfg.run.steps == 9 and cfg.run.keep_checkpoints == 3
+    assert cfg.grpo.lr == get_preset("tiny").grpo.lr
+    resumed = [json.loads(x) for x in (run / HISTORY).read_text().splitlines()][-1]
+    assert resumed["event"] == "resume" and resumed["argv"] == argv
+    assert resumed["changes"] == {"run.steps": [4, 9], "run.keep_checkpoints": [2, 3]}
+
+
+# ---- 6. checkpoints: durable, and whole at every cut point ------------------------------------
+def _write_checkpoint(run_dir: str, step: int, keep: int) -> None:
+    """What a Trainer checkpoint writes (a learner part, then the driver's), without Ray."""
+    tmp = run_io.checkpoint_tmp(run_dir, step)
+    save_state(tmp, "learner", {"w": np.full(256, step, np.float32)}, {"step": step})
+    run_io.commit_checkpoint(run_dir, tmp, step, run_io.DriverState(step, 0, {}, 0), keep)
+
+
+def test_every_file_and_directory_is_fsynced_before_an_older_checkpoint_goes(tmp_path,
+                                                                             monkeypatch):
+    from common import durable
+
+    run = str(tmp_path)
+    _write_checkpoint(run, 1, keep=1)
+    events = []
+    monkeypatch.setattr(durable, "HOOK", lambda event, p: events.append((event, p)))
+    _write_checkpoint(run, 2, keep=1)
+    new = run_io.checkpoint_path(run, 2)
+    (into,) = [i for i, (e, p) in enumerate(events) if e == "rename" and p.endswith(new)]
+    tmp = events[into][1].split(" -> ")[0]
+    prune = min(i for i, (e, p) in enumerate(events) if p.startswith(os.path.join(run,
+                                                                                  "ckpt-000001")))
+    synced = {p for e, p in events[:into] if e == "fsync"}
+    assert {os.path.join(tmp, n) for n in os.listdir(new)} | {tmp} <= synced
+    assert ("fsync", run) in events[into:prune]  # the rename is on disk before the prune
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
+
+
+_SWEEP = r"""
+import json, os, shutil, sys
+sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
+from test_run_dir import _write_checkpoint
+from common import durable
+from common.state_io import load_state
+from launch import run_io
+
+root = sys.argv[1]
+base = os.path.join(root, "base")
+_write_checkpoint(base, 1, keep=1)
+with open(os.path.join(base, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps({"step": k}) + "\n" for k in range(6))
+out, n = [], 0
+while True:
+    n += 1
+    run = os.path.join(root, f"cut-{n}")
+    shutil.copytree(base, run)
+    pid = os.fork()
+    if pid == 0:  # the writer: killed at its nth cut point
+        os.environ[durable.CUT_ENV], durable._cuts = str(n), 0
+        run_io._truncate_jsonl(os.path.join(run, "metrics.jsonl"), 4)
+        _write_checkpoint(run, 2, keep=1)
+        _write_checkpoint(run, 3, keep=1)
+        os._exit(0)
+    killed = os.WIFSIGNALED(os.waitpid(pid, 0)[1])
+    listed = run_io.list_checkpoints(run)
+    for ckpt in listed:
+        run_io.check_checkpoint(ckpt)  # every listed one is whole
+    newest = run_io.newest_readable(listed)
+    step = run_io.load_driver_state(newest).step
+    w = load_state(newest, "learner", numpy=True)[0]["w"]
+    rows = run_io.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    out.append({"killed": killed, "newest": os.path.basename(newest), "step": step,
+                "w": sorted(set(w.tolist())), "rows": len(rows), "listed": len(listed)})
+    shutil.rmtree(run)
+    if not killed:
+        break
+print(json.dumps(out))
+"""
+
+
+def test_a_whole_checkpoint_survives_a_kill_at_every_cut_point(tmp_path):
+    """keep_checkpoints 1: the writer is SIGKILLed at each cut point of a metrics rewrite and
+    two checkpoint writes in turn; each time the newest listed checkpoint loads whole (driver
+    and learner of one step), and metrics.jsonl is the old file or the new one."""
+    proc = subprocess.run([sys.executable, "-c", _SWEEP, str(tmp_path), str(ROOT)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cuts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(cuts) > 30 and all(c["killed"] for c in cuts[:-1]) and not cuts[-1]["killed"]
+    for c in cuts:
+        assert c["w"] == [c["step"]] and c["newest"] == f"ckpt-{c['step']:06d}", c
+        assert c["rows"] in (6, 4), c
+    assert [c["step"] for c in cuts] == sorted(c["step"] for c in cuts)  # never back
+    assert {c["step"] for c in cuts} == {1, 2, 3} and cuts[-1]["listed"] == 1
+
+
+# ---- 7. one driver per run directory --------------------------------------------------------
+_HOLD = """
+import sys, time
+from launch.run_dir import lock_run
+lock = lock_run(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_driver_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    from launch.run_dir import RunBusyError, lock_run
+
+    run = tiny_run_dir(tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        for argv in (["--resume", str(run), "--steps", "6"],
+                     ["--preset", "tiny", "--run-dir", str(run)]):
+            proc = subprocess.run([sys.executable, "-m", "launch.train", *argv], cwd=ROOT,
+                                  env=env, capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            (line,) = proc.stderr.strip().splitlines()
+            assert line.startswith(f"launch.train: error: {run} is being written by another "
+                                   f"driver (pid {holder.pid} on host "), line
+            assert " since 20" in line
+        assert time.monotonic() - t0 < 120  # refused before any actor starts
+        with pytest.raises(RunBusyError, match=f"pid {holder.pid}"):
+            lock_run(str(run))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock = lock_run(str(run))  # the holder is dead: its flock went with it
+    try:
+        info = json.loads((run / LOCK).read_text())
+        assert info["pid"] == os.getpid()
+    finally:
+        lock.release()
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 4  # untouched
+
+
+# ---- 9. a full disk under safetensors keeps its errno -----------------------------------------
+@pytest.mark.parametrize("raised,code", [
+    (OSError(errno.ENOSPC, "No space left on device"), errno.ENOSPC),
+    (Exception("Error while serializing: I/O error: Disk quota exceeded (os error 122)"),
+     errno.EDQUOT),
+    (Exception("Error while serializing: I/O error: No space left on device (os error 28)"),
+     errno.ENOSPC),
+])
+def test_a_full_disk_under_safetensors_is_an_oserror_with_its_errno(tmp_path, monkeypatch,
+                                                                     raised, code):
+    import safetensors.numpy
+
+    def save_file(*a, **kw):
+        raise raised
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
+    with pytest.raises(OSError) as err:
+        save_state(str(tmp_path), "driver", {"x": np.zeros(3)}, {})
+    assert err.value.errno == code
+    from common import durable
+
+    assert durable.disk_full(err.value)
+    assert err.value.filename == str(tmp_path / "driver.safetensors")
+    assert str(tmp_path / "driver.safetensors") in str(err.value)
+
+
+def test_a_bug_in_safetensors_is_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    def save_file(*a, **kw):
+        raise TypeError("bad dtype")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
+    with pytest.raises(TypeError):
+        save_state(str(tmp_path), "driver", {"x": np.zeros(3)}, {})
+
+
+# ---- 8. the end of a run is a resumable checkpoint (real Ray actors) ---------------------------
+def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path):
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.run.checkpoint_every = 3, 0
+    run_job(cfg, tmp_path)
+    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
+        "ckpt-000003"]
+    assert (tmp_path / "final" / "homerl.json").exists()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith((".tmp-", ".trash-"))]
+    cfg.run.steps = 5
+    summary, rows, _ = run_job(cfg, tmp_path, resume=True)
+    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
+    assert [r["weights/version"] for r in rows] == [1, 2, 3, 4, 5]  # went on from version 3
+    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000005")
+
+
+def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_cluster, tmp_path):
+    from launch.train import CheckpointWriteError, Trainer
+
+    class FullDiskAtTheEnd(Trainer):
+        def _write_checkpoint(self, step):
+            if step == self.cfg.run.steps:
+                run_io.checkpoint_tmp(self.run_dir, step)
+                raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            super()._write_checkpoint(step)
+
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.run.checkpoint_every = 4, 2
+    trainer = FullDiskAtTheEnd(cfg, str(tmp_path))
+    try:
+        with pytest.raises(CheckpointWriteError) as err:
+            trainer.run()
+    finally:
+        trainer.shutdown()
+    assert str(err.value) == ("the end of the run (step 4) was not saved (OSError: [Errno 28] "
+                              "No space left on device (injected)); the last good checkpoint "
+                              f"is {tmp_path / 'ckpt-000002'}")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+    resumed = Trainer(cfg, str(tmp_path), resume=True)
+    try:
+        assert resumed.start == 2
+        resumed.run()
+    finally:
+        resumed.shutdown()
+    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2,
+                                                                                       3]
+    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
+
+
+def test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row(ray_cluster, tmp_path):
+    """Step k's row is logged after the checkpoint of step k+1: a driver dying in between
+    leaves that row only in the checkpoint, and the resume logs it."""
+    from launch.train import Trainer
+
+    class DiesAfterTheCheckpoint(Trainer):
+        def checkpoint(self, step):
+            took = super().checkpoint(step)
+            if step == 2:
+                raise KeyboardInterrupt  # the driver is gone before it logs step 1's row
+            return took
+
+    cfg = get_preset("tiny")
+    cfg.run.steps, cfg.run.checkpoint_every = 3, 2
+    trainer = DiesAfterTheCheckpoint(cfg, str(tmp_path))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.run()
+    finally:
+        trainer.shutdown()
+    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0]
+    resumed = Trainer(cfg, str(tmp_path), resume=True)
+    try:
+        assert resumed.start == 2
+        resumed.run()
+    finally:
+        resumed.shutdown()
+    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["time/step_s"] > 0
