@@ -68,16 +68,18 @@ def left_padded(prompt_ids: list[list[int]], copies: int, pad: int
     return input_ids, attn
 
 
-def load_base(cfg, path: str, dtype: torch.dtype):
+def load_base(cfg, path: str, dtype: torch.dtype, nf4: dict | None = None):
     """The worker's copy of the policy's base. With lora.mode=qlora the linear weights are
     the dequantised NF4 weights the learner's 4-bit base holds (common/quant.py), so both
-    sample and score one policy; LoRA updates are merged on top of them."""
+    sample and score one policy; LoRA updates are merged on top of them. `nf4`: the learner's
+    NF4 bytes (`Learner.nf4_state`); None quantises the checkpoint here, as the learner does."""
     model = load_model(path, dtype=dtype)
     if cfg.lora.mode == "qlora":
         modules = dict(model.named_modules())
         with torch.no_grad():
             # in the dequantised dtype unless fp32 is wanted: widening is exact, half the RAM
-            for key, w in dequantized_nf4_weights(path, as_float=dtype == torch.float32).items():
+            for key, w in dequantized_nf4_weights(path, as_float=dtype == torch.float32,
+                                                  state=nf4).items():
                 modules[key.removesuffix(".weight")].weight.copy_(w.to(dtype))
     return model
 
@@ -85,7 +87,8 @@ def load_base(cfg, path: str, dtype: torch.dtype):
 class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
-    def __init__(self, cfg, name: str = "rollout-0"):
+    def __init__(self, cfg, name: str = "rollout-0", nf4: dict | None = None):
+        """`nf4`: QLoRA's base as the learner's NF4 bytes (see `load_base`)."""
         self.cfg, self.name, self.started_at = cfg, name, time.time()
         threads = cfg.rollout.threads_per_worker
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -94,7 +97,7 @@ class HFRolloutWorker(RolloutWorker):
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
         self.tokenizer = load_tokenizer(path)
         dtype = worker_dtype(cfg.model.dtype, self.device)
-        self.model = load_base(cfg, path, dtype).to(self.device)
+        self.model = load_base(cfg, path, dtype, nf4).to(self.device)
         self.model.eval()
         fp32_lm_head(self.model)
         # fp32: merge LoRA into the weights (decodes at base speed); bf16/fp16: keep it unmerged

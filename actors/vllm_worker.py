@@ -117,9 +117,12 @@ PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class VLLMRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with vLLM and scores them (see module docstring)."""
 
-    def __init__(self, cfg, name: str = "rollout-0", lora_merge: bool | None = None):
+    def __init__(self, cfg, name: str = "rollout-0", lora_merge: bool | None = None,
+                 nf4: dict | None = None):
         """`lora_merge`: serve LoRA updates merged into the weights (True) or as vLLM adapters
-        (False); None: $HOMERL_VLLM_LORA (merge/adapter) if set, else merge on CPU only."""
+        (False); None: $HOMERL_VLLM_LORA (merge/adapter) if set, else merge on CPU only.
+        `nf4`: QLoRA's base as the learner's NF4 bytes (`Learner.nf4_state`); None quantises
+        the checkpoint here, as the learner does."""
         self.cfg, self.name, self.started_at = cfg, name, time.time()
         if lora_merge is None:
             env = os.environ.get("HOMERL_VLLM_LORA", "")
@@ -146,7 +149,7 @@ class VLLMRolloutWorker(RolloutWorker):
             kv_cache_bytes=cpu_kv_cache_bytes(cfg, self.path), cpu=not cuda)
         self.lease = self._lease()
         if cfg.lora.mode == "qlora":
-            self._load_nf4_base()
+            self._load_nf4_base(nf4)
         overridden = model_overrides(read_generation_config(self.path), cfg.rollout.temperature)
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "
@@ -198,7 +201,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.load_s += time.perf_counter() - t0
         return version
 
-    def _load_nf4_base(self) -> None:
+    def _load_nf4_base(self, nf4: dict | None) -> None:
         """QLoRA: serve the dequantised NF4 base the learner trains on (vLLM 0.32 has no
         bitsandbytes quantisation); LoRA updates are merged into it or served as adapters.
 
@@ -206,7 +209,7 @@ class VLLMRolloutWorker(RolloutWorker):
         adapters (the CUDA default) it is dropped once the engine holds it, and it is built in
         the dtype bitsandbytes dequantises to (the checkpoint's, bf16 for the 1.5B: 2.4 GiB of
         host memory while loading, not 4.9 in fp32, and none after)."""
-        base = dequantized_nf4_weights(self.path, as_float=self.lora_merge)
+        base = dequantized_nf4_weights(self.path, as_float=self.lora_merge, state=nf4)
         self.engine.load_weights(base)
         self.engine.reset_prefix_cache()
         self.base_override = base if self.lora_merge else None

@@ -80,9 +80,11 @@ class Slot:
 class WorkerPool:
     """N rollout actors of one class, kept alive and at a known weight version."""
 
-    def __init__(self, cfg, worker_cls, layout: Layout | None = None, tag: str = ""):
-        """`layout`: where each worker goes (launch/placement.py); None: anywhere."""
-        self.cfg, self.tag = cfg, tag
+    def __init__(self, cfg, worker_cls, layout: Layout | None = None, tag: str = "",
+                 nf4: ray.ObjectRef | None = None):
+        """`layout`: where each worker goes (launch/placement.py); None: anywhere. `nf4`: the
+        learner's NF4 bytes (QLoRA), handed to every worker, replacements included."""
+        self.cfg, self.tag, self.nf4 = cfg, tag, nf4
         self.remote_cls = ray.remote(worker_cls)
         self.layout = layout
         self.payloads: dict[int, ray.ObjectRef] = {}  # version -> export ref in the object store
@@ -101,7 +103,8 @@ class WorkerPool:
             opts["scheduling_strategy"] = self.layout.worker_strategy(i)
         name = f"rollout-{i}" + (f"-r{self.restarts}" if self.restarts else "")
         opts["name"] = f"{name}:{self.tag}" if self.tag else name
-        return self.remote_cls.options(**opts).remote(self.cfg, name=name)
+        extra = {"nf4": self.nf4} if self.nf4 is not None else {}
+        return self.remote_cls.options(**opts).remote(self.cfg, name=name, **extra)
 
     # ---- weights -------------------------------------------------------------------------
     def push(self, payload_ref: ray.ObjectRef, version: int, initial: bool = False) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-LEARNER_METHODS = ("close", "consolidate", "export", "load", "ping", "placement", "ready",
-                   "save", "save_final", "train_on", "train_step")
+LEARNER_METHODS = ("close", "consolidate", "export", "load", "nf4_state", "ping", "placement",
+                   "ready", "save", "save_final", "train_on", "train_step")
 WORKER_METHODS = ("generate", "generate_split", "generate_steps", "ping", "set_weights",
                   "sleep", "wake_up")
 

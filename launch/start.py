@@ -68,4 +68,7 @@ def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runt
         ready = ray.get(learner.ready.remote(), timeout=START_TIMEOUT_S)
         log.info("the learner holds %.2f GiB of the card (%s); starting the rollout engine",
                  ready["allocated_bytes"] / 2**30, ready["device"])
-    return learner, WorkerPool(cfg, worker_cls, layout, tag=tag)
+    # QLoRA: every worker dequantises the learner's own NF4 bytes (Ray resolves the reference
+    # before a worker's __init__ runs, so a worker also starts after the learner's model)
+    nf4 = learner.nf4_state.remote() if cfg.lora.mode == "qlora" else None
+    return learner, WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4)

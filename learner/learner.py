@@ -21,6 +21,7 @@ from common.core_lease import LEARNER, Lease, NoLease, flag_path, lease_key, set
 from common.device import actor_device, cap_process_memory, ray_placement
 from common.engine_budget import learner_cap_gb
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
+from common.quant import nf4_state
 from common.state_io import (
     load_state,
     optimizer_state,
@@ -94,6 +95,11 @@ class Learner:
         card's free memory as it starts (common/engine_budget.py)."""
         held = torch.cuda.memory_allocated() if self.device == "cuda" else 0
         return {"allocated_bytes": int(held), "device": self.device, "built_at": self.built_at}
+
+    def nf4_state(self) -> dict:
+        """QLoRA: the NF4 bytes of the base this learner trains on (common/quant.py), on the
+        CPU. The rollout workers dequantise these, not a quantisation of their own."""
+        return nf4_state(self.model)
 
     def close(self) -> None:
         """The run is over: remove this node's core-sharing flag file (the actor is killed

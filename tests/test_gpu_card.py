@@ -322,3 +322,59 @@ def test_other_vllm_versions_are_refused_in_one_line_mocked_version(monkeypatch)
     gpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["gpu"]
     assert gpu == [f"vllm=={SUPPORTED}.*"]
+
+
+def _nf4_cfg(path: str):
+    cfg = get_preset("tiny")
+    cfg.model.name, cfg.lora.mode = path, "qlora"
+    return cfg
+
+
+def test_a_qlora_worker_serves_the_learners_nf4_bytes_not_its_own_quantisation(tiny_llama):
+    """The learner's NF4 bytes are the one source of truth: bytes the worker's own
+    quantisation would not produce (one layer's packed weights altered) reach its model."""
+    pytest.importorskip("bitsandbytes")
+    from actors.hf_worker import HFRolloutWorker
+    from common.quant import dequantize_state
+    from learner.learner import Learner
+
+    cfg = _nf4_cfg(tiny_llama)
+    state = Learner(cfg).nf4_state()
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert key in state and state[key]["data"].dtype == torch.uint8
+    state[key]["data"] = state[key]["data"] ^ 0x11  # other 4-bit codes in every byte
+    want = dequantize_state({key: state[key]})[key]
+    worker = HFRolloutWorker(cfg, name="nf4", nf4=state)
+    own = HFRolloutWorker(cfg, name="own")
+    got = dict(worker.model.named_parameters())[key]
+    assert torch.equal(got, want.to(got.dtype))
+    assert not torch.equal(dict(own.model.named_parameters())[key], got)
+
+
+def test_a_runs_qlora_workers_get_the_learners_nf4_bytes_through_ray(ray_cluster, tiny_llama):
+    """start_roles hands the learner's NF4 bytes to the pool, which gives them to every
+    worker it spawns (replacements included): a worker's base equals the learner's bytes."""
+    pytest.importorskip("bitsandbytes")
+    import ray
+
+    from common.device import plan_devices
+    from common.quant import dequantize_state
+    from launch.placement import make_placement
+    from launch.start import start_roles
+
+    cfg = _nf4_cfg(tiny_llama)
+    devices = plan_devices("cpu", 0, 1)
+    layout = make_placement(cfg, devices)
+    learner, pool = start_roles(cfg, devices, layout, "nf4test")
+    try:
+        assert pool.nf4 is not None
+        want = dequantize_state(ray.get(pool.nf4))
+        got = ray.get(pool.workers[0].__ray_call__.remote(
+            lambda w: {k: p.detach().clone() for k, p in w._impl.model.named_parameters()
+                       if k in want}))
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
+    finally:
+        pool.shutdown()
+        ray.kill(learner)
+        layout.remove()
