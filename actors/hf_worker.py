@@ -7,7 +7,8 @@ On-policy by construction (docs/algorithm.md, "The on-policy invariant"): `gener
 GenerationConfig built from `rollout.*` alone (actors/sampling.py), the behaviour log-probs are
 recorded from the very scores that are sampled from, the LM head runs in fp32 even on a bf16
 body, a QLoRA policy is sampled from the learner's dequantised NF4 base, and a bf16 worker keeps
-LoRA unmerged (actors/weights.py).
+LoRA unmerged (actors/weights.py), as does an fp32 worker on the machine's shared fp32
+conversion of a bf16 checkpoint (`merges_lora`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from common.device import actor_device, torch_dtype
 from common.memory import release_free_memory
 from common.models import load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
+from common.shared_weights import shared_checkpoint
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
 from rewards import RewardFns, VerifierPool
 
@@ -84,6 +86,21 @@ def load_base(cfg, path: str, dtype: torch.dtype, nf4: dict | None = None):
     return model
 
 
+def merges_lora(cfg, path: str, dtype: torch.dtype) -> bool:
+    """Whether LoRA updates are merged into the weights (actors/weights.py).
+
+    fp32 on the checkpoint's own fp32 file: merged into new tensors, so decoding runs at base
+    speed while W0 stays the file's shared pages. fp32 on the machine's shared conversion of a
+    bf16/fp16 file (common/shared_weights.py): unmerged, since merging would give every worker
+    a private fp32 copy of the adapted linears (1.3 GiB on Qwen2-0.5B, 70% of the model) and
+    unmerged adapters cost that model's decode little (docs/performance.md, Memory). QLoRA's
+    dequantised linears are private already: merged. bf16: unmerged, as rounding a merge to
+    bf16 loses most of a small update."""
+    if dtype != torch.float32:
+        return False
+    return cfg.lora.mode == "qlora" or shared_checkpoint(path, dtype) == path
+
+
 class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
@@ -100,8 +117,7 @@ class HFRolloutWorker(RolloutWorker):
         self.model = load_base(cfg, path, dtype, nf4).to(self.device)
         self.model.eval()
         fp32_lm_head(self.model)
-        # fp32: merge LoRA into the weights (decodes at base speed); bf16/fp16: keep it unmerged
-        self.weights = WeightApplier(self.model, merge=dtype == torch.float32)
+        self.weights = WeightApplier(self.model, merge=merges_lora(cfg, path, dtype))
         self.version = 0
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""

@@ -298,13 +298,22 @@ def load_tokenizer(name_or_path: str):
 
 
 def load_model(name_or_path: str, dtype: torch.dtype | str = "float32"):
-    """Load a causal LM for a model name, in ``dtype`` and eval mode."""
+    """Load a causal LM for a model name, in ``dtype`` and eval mode.
+
+    fp32 from a bf16/fp16 checkpoint loads the model cache's one fp32 conversion
+    (common/shared_weights.py), whose pages every process on the machine shares, instead of
+    converting a private copy in each process.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
+    from common.shared_weights import shared_checkpoint
+
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), dtype=dtype)
+    source = resolve_model(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(shared_checkpoint(source, dtype), dtype=dtype)
+    model.name_or_path = model.config._name_or_path = source  # saved adapters name the base
     gen = model.generation_config
     if gen.pad_token_id is None:  # silences generate()'s warning and pads with eos like HF does
         eos = gen.eos_token_id

@@ -13,10 +13,13 @@ processes map) count once in total. Per process (bytes):
   this project's pinned versions); the driver imports no torch (DRIVER_RUNTIME); each
   worker's verifier process VERIFIER.
 * base weights W = params x bytes(model.dtype). When the stored file already has that dtype
-  the learner and the HF workers map it and share its pages (W / sharers each); otherwise
-  each converts into a private copy (W each). A vLLM engine loads its own copy.
-* HF worker with LoRA: the merged copies of the adapted linears (the base stays the shared file);
-  for a base converted from a bf16 file, bf16 W0 of the adapted linears (merged in place).
+  the learner and the HF workers map it and share its pages (W / sharers each). An fp32 run
+  of a bf16/fp16 file maps the model cache's one fp32 conversion instead
+  (common/shared_weights.py), shared the same way; with `HOMERL_SHARE_WEIGHTS=0` each
+  process converts into a private copy (W each). A vLLM engine loads its own copy.
+* HF worker with LoRA: on the model's own file, the merged copies of the adapted linears (the
+  base stays the shared file); on the shared conversion, the unmerged fp32 adapters; on a
+  private conversion, bf16 W0 of the adapted linears (merged in place).
 * learner: LoRA params + grads + AdamW moments, fp32 (16 B each; full FT: every parameter,
   plus an fp32 master copy if the body is not fp32); the step's activations of one micro-batch
   (ACT_OVERHEAD x one layer's working set x tokens x layers, calibrated on cpu-demo); one chunk
@@ -79,6 +82,15 @@ def run_dtype(cfg: Config) -> str:
     return "bf16" if cpu_supports_bf16() else "fp32"
 
 
+def shares_conversion(cfg: Config, s: Shapes) -> bool:
+    """The learner and HF workers map one fp32 conversion of a bf16/fp16 file (LoRA: nothing
+    writes into the base, so its pages stay shared)."""
+    from common.shared_weights import sharing_enabled
+
+    return (DTYPE_BYTES[run_dtype(cfg)] == 4 and DTYPE_BYTES.get(s.dtype, 4) == 2
+            and cfg.lora.mode == "lora" and sharing_enabled())
+
+
 def _prompt_tokens(cfg: Config) -> int:
     return min(cfg.rollout.max_prompt_tokens, PROMPT_TOKENS.get(cfg.curriculum.task, 200))
 
@@ -132,16 +144,24 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
             rows += [("merge buffers of the adapted linears, fp32", adapted * 4.0),
                      ("W0 of the adapted linears (file pages)", _vllm_w0_each(cfg, s))]
         return rows
+    if shares_conversion(cfg, s):
+        return rows + [("base weights (the shared fp32 conversion)", weights_each),
+                       ("LoRA adapters, unmerged, fp32", _lora_params(cfg, s) * 4.0),
+                       *_decode_rows(cfg, s, seqs, tokens, nbytes)]
     rows.append(("base weights", weights_each))
     if cfg.lora.mode != "full" and nbytes == 4 and s.dtype in ("bfloat16", "bf16"):
         # converted from a bf16 file: W0 kept as bf16, merged in place (actors/weights.py)
         rows.append(("bf16 W0 of the adapted linears", _adapted_linear_params(cfg, s) * 2.0))
     elif cfg.lora.mode != "full":
         rows.append(("merged LoRA linears", _adapted_linear_params(cfg, s) * float(nbytes)))
-    rows += [(f"KV cache ({seqs} seqs x {tokens} tokens)",
-              float(kv_cache_bytes(s, seqs, tokens, nbytes))),
-             ("decode logits", seqs * s.vocab * 8.0)]
-    return rows
+    return rows + _decode_rows(cfg, s, seqs, tokens, nbytes)
+
+
+def _decode_rows(cfg: Config, s: Shapes, seqs: int, tokens: int, nbytes: int) -> list:
+    """An HF worker's KV cache and the decode step's logit rows."""
+    return [(f"KV cache ({seqs} seqs x {tokens} tokens)",
+             float(kv_cache_bytes(s, seqs, tokens, nbytes))),
+            ("decode logits", seqs * s.vocab * 8.0)]
 
 
 def _file_shared_with_learner(cfg: Config, s: Shapes) -> bool:
@@ -195,7 +215,8 @@ def budget(cfg: Config, shapes: Shapes | None = None,
     ro = cfg.rollout
     dtype = run_dtype(cfg)
     weights = s.params * float(DTYPE_BYTES[dtype])
-    mapped = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[dtype]  # stored as run: file pages
+    # stored as run, or the shared conversion: file pages
+    mapped = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[dtype] or shares_conversion(cfg, s)
     sharers = 1 + (ro.num_workers if ro.engine == "hf" else 0)
     each = weights / sharers if mapped and cfg.lora.mode != "qlora" else weights
     learner_each = each

@@ -55,13 +55,26 @@ def test_plan_rows_match_hand_computed_bytes():
     assert sum(procs.values()) == pytest.approx(sum(rows.values()))
 
 
-def test_a_file_stored_in_another_dtype_is_a_private_copy_in_every_process():
+def test_a_file_stored_in_another_dtype_is_a_private_copy_in_every_process(monkeypatch):
+    monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", "0")  # no shared fp32 conversion
     bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
     rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=2), bf16_file)}
     assert rows[("learner", "base weights")] == rows[("rollout-0", "base weights")] == 1448 * 4
     # the worker keeps W0 of the adapted linears as bf16 and merges in place (actors/weights.py)
     assert rows[("rollout-0", "bf16 W0 of the adapted linears")] == TOY.linear_params() * 2
     assert ("rollout-0", "merged LoRA linears") not in rows
+
+
+def test_a_bf16_file_run_in_fp32_is_one_shared_conversion(monkeypatch):
+    monkeypatch.delenv("HOMERL_SHARE_WEIGHTS", raising=False)
+    bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
+    rows = {(p, n.split(" (")[0]): v for p, n, v in ram_plan.budget(_cfg(workers=2), bf16_file)}
+    # the learner and both workers map one fp32 copy: a third each
+    assert rows[("learner", "base weights")] == pytest.approx(1448 * 4 / 3)
+    assert rows[("rollout-1", "base weights")] == pytest.approx(1448 * 4 / 3)
+    lora = 2 * 2 * ((8 + 8) + (8 + 4) + (8 + 4) + (8 + 8) + (8 + 16) * 2 + (16 + 8))
+    assert rows[("rollout-0", "LoRA adapters, unmerged, fp32")] == lora * 4
+    assert not any(n.endswith("adapted linears") or n.startswith("merged") for _, n in rows)
 
 
 def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():

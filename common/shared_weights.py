@@ -1,0 +1,159 @@
+"""One fp32 copy of a half-precision checkpoint per machine, mapped by every process.
+
+    path = shared_checkpoint(resolve_model(name), torch.float32)   # the folder to load from
+
+Hub checkpoints are stored in bf16 (or fp16), and a CPU without AMX computes fastest in fp32.
+Loading such a file with `dtype=float32` gives every process (the learner, each HF rollout
+worker) its own private fp32 copy: 1.84 GiB each for Qwen2-0.5B. Loading an fp32 file in fp32
+does not copy: transformers keeps the tensors as views of a private (copy-on-write) map of the
+safetensors file, so the page cache's pages are shared, and PSS counts them once per machine.
+
+So the conversion is written once into the model cache, as a complete checkpoint folder
+(config with `dtype: float32`, fp32 safetensors, the tokenizer and generation files copied),
+one folder per source checkpoint and dtype. It is built with `common.models._materialize`:
+under the cache's build lock (concurrent workers wait for one build, not race), in a temp
+folder renamed into place with a complete-marker written last (a killed build is redone).
+The folder's name carries a digest of the source files' paths, sizes and mtimes, so an edited
+checkpoint gets a new conversion rather than a stale one.
+
+Tensors are converted one at a time and streamed into the file, so building Qwen2-0.5B holds one
+tensor (its 0.5 GiB embedding) in memory, not the whole fp32 model.
+
+A process that writes into the mapped weights (a full fine-tune's optimizer, a LoRA merge in
+place) gets private copies of the pages it writes, so it stays correct but stops sharing them:
+HF rollout workers keep LoRA unmerged on such a base (actors/hf_worker.py).
+`HOMERL_SHARE_WEIGHTS=0` turns the conversion off (private copies, as transformers loads them).
+torch is imported on first use only: the driver asks `sharing_enabled` for its RAM plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.models import _materialize
+
+if TYPE_CHECKING:
+    import torch
+
+CONVERTIBLE = {"BF16", "F16"}
+"""stored dtypes whose fp32 conversion is exact, and so worth one shared copy"""
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""files not copied into a conversion (the shard index is: shard names are kept)"""
+
+
+def sharing_enabled() -> bool:
+    """False when `HOMERL_SHARE_WEIGHTS` is 0/false/no/off (each process converts privately)."""
+    return os.environ.get("HOMERL_SHARE_WEIGHTS", "1").lower() not in {"0", "false", "no", "off"}
+
+
+def _local_dir(path: str) -> Path | None:
+    """The checkpoint's local folder: `path` itself, or a hub id's cached snapshot."""
+    if Path(path).is_dir():
+        return Path(path)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached: transformers loads it its own way
+        return None
+
+
+def _shards(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def stored_dtypes(folder: Path) -> set[str]:
+    """The safetensors dtypes (`BF16`, `F32`, `I64`, ...) of the folder's tensors."""
+    from common.mmap_weights import read_header
+
+    kinds = set()
+    for shard in _shards(folder):
+        header, _ = read_header(str(shard))
+        kinds |= {info["dtype"] for info in header.values()}
+    return kinds
+
+
+def _entry_name(folder: Path, dtype: torch.dtype) -> str:
+    """`<folder>-<digest>-float32`: one cache entry per source checkpoint (its shards' paths,
+    sizes and mtimes) and target dtype."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for shard in _shards(folder):
+        st = shard.stat()
+        digest.update(f"{shard.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return f"{folder.resolve().name}-{digest.hexdigest()[:12]}-{str(dtype).removeprefix('torch.')}"
+
+
+def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
+    """The folder to load `path` from in `dtype`: its cached fp32 conversion when `dtype` is
+    fp32 and the checkpoint stores bf16/fp16 safetensors; otherwise `path` unchanged."""
+    import torch
+
+    from common.mmap_weights import DTYPES
+
+    if dtype != torch.float32 or not sharing_enabled():
+        return path
+    folder = _local_dir(path)
+    if folder is None or not _shards(folder):
+        return path
+    kinds = stored_dtypes(folder)
+    if not kinds & CONVERTIBLE or not kinds <= set(DTYPES):  # nothing to convert, or unknown
+        return path
+    entry = _materialize(_entry_name(folder, dtype),
+                         lambda out: convert_checkpoint(folder, out, dtype))
+    return str(entry)
+
+
+def convert_checkpoint(src: Path, out: Path, dtype: torch.dtype) -> None:
+    """Write `src` (a safetensors checkpoint folder) to `out` with its bf16/fp16 tensors cast
+    to `dtype`; every other file is copied, config.json's dtype rewritten."""
+    out.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy(item, out / item.name)
+    config = out / "config.json"
+    if config.exists():
+        raw = json.loads(config.read_text())
+        name = str(dtype).removeprefix("torch.")
+        raw["dtype"] = name
+        if "torch_dtype" in raw:
+            raw["torch_dtype"] = name
+        config.write_text(json.dumps(raw, indent=2))
+    for shard in _shards(src):
+        write_converted(shard, out / shard.name, dtype)
+
+
+def write_converted(src: Path, dst: Path, dtype: torch.dtype) -> None:
+    """A safetensors file with `src`'s tensors, the convertible ones cast to `dtype`, streamed
+    tensor by tensor (the header first, then each tensor's bytes at its 8-aligned offset)."""
+    from common.mmap_weights import DTYPES, mmap_tensors, read_header
+
+    names = {v: k for k, v in DTYPES.items()}
+    header, _ = read_header(str(src))
+    with open(src, "rb") as f:  # read_header drops the metadata; transformers wants it kept
+        meta = json.loads(f.read(int.from_bytes(f.read(8), "little"))).get("__metadata__")
+    out_header, offset, plan = {}, 0, []
+    for name, info in header.items():
+        kind = names[dtype] if info["dtype"] in CONVERTIBLE else info["dtype"]
+        nbytes = math.prod(info["shape"]) * DTYPES[kind].itemsize
+        out_header[name] = {"dtype": kind, "shape": info["shape"],
+                            "data_offsets": [offset, offset + nbytes]}
+        plan.append((name, DTYPES[kind]))
+        offset += nbytes
+    if meta is not None:
+        out_header["__metadata__"] = meta
+    blob = json.dumps(out_header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # tensors start 8-aligned: mapped views need no copy
+    source = mmap_tensors(str(src))  # views of the file: pages, not a loaded copy
+    with open(dst, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for name, target in plan:
+            f.write(memoryview(source.pop(name).to(target).contiguous().reshape(-1).numpy()))
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,102 @@
+"""tools/bench_gpu.py, our GRPO step against TRL's on one GPU: its code path on the CPU.
+
+The script runs on a GPU box; here the same code runs with a tiny shape on the CPU, where each
+process's peak RSS stands in for the card's memory (the GPU boundary: nothing is mocked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tools.bench_gpu import nf4_skip
+from tools.bench_gpu_trl import forced_prompts, micro_batch, trl_config
+
+TINY_RUN = ["--device", "cpu", "--shape", "tiny", "--prompt-tokens", "16", "--new-tokens", "8",
+            "--group", "2", "--prompts", "1", "--steps", "2", "--warmup", "0"]
+
+
+@pytest.mark.slow
+def test_both_sides_run_the_same_forced_step_and_the_ratio_is_their_quotient(tmp_path):
+    """Both pairs (--nf4 on runs the NF4 QLoRA pair on the CPU too): each side ran its steps
+    in processes of its own, TRL generated exactly the forced tokens from prompts of exactly
+    the forced length, and the printed ratio, last, is TRL's s/step over ours."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "tools.bench_gpu", *TINY_RUN, "--nf4", "on",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res["pairs"]) == {"lora", "qlora"} and res["nf4_skipped"] is None
+    assert res["harness"] == "two processes, no Ray"
+    for name, pair in res["pairs"].items():
+        ours, trl = pair["ours"], pair["trl"]
+        assert "error" not in ours and "error" not in trl, (name, ours.get("error"),
+                                                            trl.get("error"))
+        for side in (ours, trl):
+            assert len(side["step_s"]) == 2 and side["timed_steps"] == 2
+            assert side["s_per_step"] > 0 and side["completions_per_s"] > 0
+            assert all(gb > 0 for gb in side["peak_gb"].values()) and side["peak_total_gb"] > 0
+        assert pair["ratio_trl_over_ours"] == pytest.approx(trl["s_per_step"]
+                                                            / ours["s_per_step"])
+        # TRL: 2 steps x 2 completions of exactly 8 new tokens, from 16-token prompts
+        assert trl["completion_lengths"] == [[8, 8], [8, 8]] and trl["forced_tokens"]
+        assert trl["prompt_lengths"] == [16, 16]
+        assert trl["loaded_4bit"] == (name == "qlora") and trl["gradient_checkpointing"]
+        assert trl["imported"] == [] and ours["harness"]["imported"] == []  # no Ray, no vLLM
+        # ours: a learner and an engine process, neither the driver, this test or TRL's
+        pids = ours["pids"]
+        assert len({pids["learner"], pids["engine"], trl["pid"],
+                    ours["harness"]["pids"]["driver"], os.getpid()}) == 5
+        assert set(ours["peak_gb"]) == {"learner", "engine"}
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ratio TRL/ours s/step")
+    assert f"{res['pairs']['lora']['ratio_trl_over_ours']:.2f}" in last
+    assert "two processes, no Ray" in proc.stdout and "peak RSS" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_side_whose_process_dies_reports_an_error_instead_of_waiting(tmp_path):
+    """Out of memory at the cap kills a side's process on a card; here a model that does not
+    exist does: each side answers {"error": ...} (printed as FAILED), neither hangs."""
+    from tools.bench_gpu import TINY, parse_args, run_ours, run_trl_side, side_line
+
+    args = parse_args(TINY_RUN)
+    missing = str(tmp_path / "no-model")
+    ours = run_ours(args, missing, TINY, "lora")
+    trl = run_trl_side(args, missing, "lora", "fp32")
+    assert "died" in ours["error"] and trl["error"] and "pid" in trl
+    assert "FAILED" in side_line("trl", trl, "cpu")
+
+
+def test_the_nf4_pair_is_skipped_without_cuda_or_when_asked():
+    assert "no CUDA" in nf4_skip(SimpleNamespace(nf4="auto", device="cpu"))
+    assert nf4_skip(SimpleNamespace(nf4="off", device="cuda")) == "--nf4 off"
+
+
+def test_trl_gets_one_optimizer_step_per_generation_of_all_completions(tmp_path):
+    """GRPOConfig from the installed TRL: a generation holds G x prompts completions, split
+    into micro-batches that accumulate into one optimizer step; lengths forced."""
+    spec = {"group": 8, "prompts": 2, "micro_batch": 0, "dtype": "fp32", "lr": 5e-5,
+            "new_tokens": 512, "device": "cpu", "warmup": 1, "steps": 3, "seed": 0}
+    cfg = trl_config(spec, str(tmp_path))
+    assert cfg.generation_batch_size == 16 and cfg.per_device_train_batch_size == 8
+    assert cfg.steps_per_generation == cfg.gradient_accumulation_steps == 2
+    assert cfg.generation_kwargs == {"min_new_tokens": 512} and cfg.max_completion_length == 512
+    assert cfg.num_generations == 8 and cfg.learning_rate == 5e-5 and cfg.max_steps == 4
+    assert cfg.gradient_checkpointing and not cfg.use_vllm
+    assert micro_batch(12, 8) == 6 and micro_batch(2, 8) == 2 and micro_batch(7, 8) == 7
+
+
+def test_prompts_tokenize_to_exactly_the_forced_length():
+    from common.config import ModelConfig
+    from common.models import load_tokenizer
+
+    tok = load_tokenizer(ModelConfig().name)
+    prompts = forced_prompts(tok, 3, 512, seed=1)
+    assert len(set(prompts)) == 3
+    assert [len(ids) for ids in tok(text=prompts)["input_ids"]] == [512, 512, 512]

@@ -1,0 +1,223 @@
+"""common.shared_weights: one fp32 conversion of a bf16 checkpoint per machine, mapped by every
+process. The pages are counted once across processes, the cache entry is built once (and again
+after a killed build), the values are exactly bf16 -> fp32, the HF workers stay on-policy on it
+(LoRA unmerged), and the RAM plan counts the base once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from test_onpolicy import PROMPTS, learner_logprobs, make_cfg, random_batch
+
+from common.models import load_model
+from common.shapes import KNOWN
+from common.shared_weights import _entry_name, shared_checkpoint
+from common.tiny_model import build_tiny_qwen2
+from launch import ram_plan
+from launch.presets import get_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOLD = """
+import sys, torch
+from common.models import load_model
+model = load_model(sys.argv[1], "float32")
+total = sum(float(p.detach().sum()) for p in model.parameters())  # every page read: resident
+ptr = model.model.embed_tokens.weight.data_ptr()
+where = [(ln.split()[5:] or ["-"])[0] for ln in open("/proc/self/maps")
+         if int(ln.split("-")[0], 16) <= ptr < int(ln.split()[0].split("-")[1], 16)]
+print("ready", where[0], flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A model cache of the test's own (child processes inherit it)."""
+    monkeypatch.setenv("HOMERL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HOMERL_SHARE_WEIGHTS", raising=False)
+    return tmp_path / "cache" / "models"
+
+
+def save_half(path: Path, dtype=torch.bfloat16, init_std: float = 0.02) -> Path:
+    model, tokenizer = build_tiny_qwen2(seed=3, init_std=init_std)
+    model.to(dtype).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def mapping_memory(pid: int, path: str) -> tuple[int, int]:
+    """(Rss, Pss) in kB of `pid`'s mappings of the file `path`."""
+    rss = pss = 0
+    inside = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            key = line.split(maxsplit=1)[0]
+            if "-" in key and not key.endswith(":"):
+                inside = line.rstrip().endswith(path)
+            elif inside and key in ("Rss:", "Pss:"):
+                kb = int(line.split()[1])
+                rss, pss = (rss + kb, pss) if key == "Rss:" else (rss, pss + kb)
+    return rss, pss
+
+
+def test_two_processes_map_one_conversion_and_pss_counts_it_once(cache, tmp_path):
+    src = save_half(tmp_path / "bf16")
+    converted = Path(shared_checkpoint(str(src), torch.float32)) / "model.safetensors"
+    procs = [subprocess.Popen([sys.executable, "-c", HOLD, str(src)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        where = [p.stdout.readline().split() for p in procs]
+        assert all(w == ["ready", str(converted)] for w in where), where  # views of the file
+        for p in procs:
+            rss, pss = mapping_memory(p.pid, str(converted))
+            assert rss >= 0.9 * converted.stat().st_size / 1024  # the whole model resident
+            assert abs(pss - rss / 2) <= 0.05 * rss, (rss, pss)  # split between the two
+    finally:
+        for p in procs:
+            p.communicate("\n", timeout=60)
+
+
+def test_private_layout_holds_weights_outside_any_file(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", "0")
+    src = save_half(tmp_path / "bf16")
+    assert shared_checkpoint(str(src), torch.float32) == str(src)
+    r = subprocess.run([sys.executable, "-c", HOLD, str(src)], cwd=ROOT, input="\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.split()[:2] == ["ready", "-"], r.stdout + r.stderr  # anonymous memory
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_converted_tensors_are_the_half_ones_cast_to_fp32(cache, tmp_path, dtype):
+    src = save_half(tmp_path / "half", dtype)
+    entry = Path(shared_checkpoint(str(src), torch.float32))
+    assert entry.parent == cache and entry != src
+    assert json.loads((entry / "config.json").read_text())["dtype"] == "float32"
+    assert (entry / "tokenizer.json").exists() and (entry / "generation_config.json").exists()
+    with safe_open(str(src / "model.safetensors"), "pt") as a, \
+            safe_open(str(entry / "model.safetensors"), "pt") as b:
+        assert set(a.keys()) == set(b.keys())
+        for k in a.keys():
+            want, got = a.get_tensor(k), b.get_tensor(k)
+            assert want.dtype == dtype and got.dtype == torch.float32
+            assert torch.equal(got, want.float()), k
+    model = load_model(str(src), "float32")
+    assert model.name_or_path == str(src)  # adapters saved from it name the real base
+    # fp32 already, or not fp32 wanted: nothing to convert
+    assert shared_checkpoint(str(entry), torch.float32) == str(entry)
+    assert shared_checkpoint(str(src), torch.bfloat16) == str(src)
+
+
+def test_the_build_is_idempotent(cache, tmp_path):
+    src = save_half(tmp_path / "bf16")
+    first = Path(shared_checkpoint(str(src), torch.float32))
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    marker = (first / ".homerl-complete").read_text()
+    assert shared_checkpoint(str(src), torch.float32) == str(first)
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (first / ".homerl-complete").read_text() == marker
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == [first.name]
+
+
+KILLED_BUILD = """
+import sys, time, torch
+from pathlib import Path
+from common.models import _materialize
+from common.shared_weights import _entry_name
+
+def build(out):
+    (out / "model.safetensors").write_bytes(b"half a file")
+    print("building", flush=True)
+    time.sleep(600)
+
+_materialize(_entry_name(Path(sys.argv[1]), torch.float32), build)
+"""
+
+
+def test_a_killed_build_is_redone(cache, tmp_path):
+    src = save_half(tmp_path / "bf16")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(src)], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "building"
+    os.kill(proc.pid, signal.SIGKILL)  # dies holding the lock, its temp folder left behind
+    proc.wait(timeout=30)
+    name = _entry_name(src, torch.float32)
+    assert list(cache.glob(f".{name}.tmp-*")) and not (cache / name).exists()
+    t0 = time.time()
+    entry = Path(shared_checkpoint(str(src), torch.float32))
+    assert time.time() - t0 < 30  # the dead process's lock went with it
+    assert not list(cache.glob(f".{name}.tmp-*"))
+    with safe_open(str(entry / "model.safetensors"), "pt") as f:  # a complete file
+        assert len(list(f.keys())) > 10
+    # an entry whose marker is gone (an older format, a half-deleted one) is rebuilt too
+    (entry / ".homerl-complete").unlink()
+    (entry / "model.safetensors").write_bytes(b"")
+    again = Path(shared_checkpoint(str(src), torch.float32))
+    assert again == entry and (entry / "model.safetensors").stat().st_size > 1000
+
+
+def test_hf_worker_on_the_conversion_is_on_policy_with_lora_unmerged(cache, tmp_path):
+    """Staleness 0 on a bf16 checkpoint run in fp32: the learner and the worker map one
+    conversion; the worker keeps LoRA unmerged and records the learner's log-probs."""
+    from actors.hf_worker import HFRolloutWorker
+    from common.types import RolloutCall, Sampling
+    from learner.learner import Learner
+
+    src = save_half(tmp_path / "bf16", init_std=0.5)
+    cfg = make_cfg(str(src))
+    learner = Learner(cfg)
+    for s in range(2):  # LoRA B != 0: the adapter matters
+        learner.train_on(random_batch(seed=s)).row()
+    worker = HFRolloutWorker(cfg, name="rollout-0")
+    assert worker.weights.merge is False
+    base = worker.model.model.layers[0].mlp.up_proj.weight
+    assert Path(shared_checkpoint(str(src), torch.float32)).name in mapped_file(base)
+    worker.set_weights(learner.export(), learner.version)
+    before = base.detach().clone()
+    batch = worker.generate(RolloutCall(PROMPTS, 8, Sampling(seed=1)))
+    assert torch.equal(base, before)  # nothing written into the shared pages
+    want = learner_logprobs(learner, batch)
+    diff = max(float(np.abs(np.asarray(b) - w).max()) for b, w in zip(batch.logprobs, want))
+    assert diff < 1e-3, diff
+
+
+def mapped_file(t: torch.Tensor) -> str:
+    ptr = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= ptr < hi:
+                return (line.split()[5:] or [""])[0]
+    return ""
+
+
+def test_the_plan_counts_the_shared_base_once(monkeypatch):
+    cfg = get_preset("cpu-14core")
+    cfg.model.dtype = "fp32"  # what a CPU without AMX runs
+    s = KNOWN["qwen/qwen2-0.5b-instruct"]
+    n, w = cfg.rollout.num_workers, s.params * 4.0
+
+    def plan(share: str):
+        monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", share)
+        return {(p, c.split(" (")[0]): v for p, c, v in ram_plan.budget(cfg, s)}
+
+    private, shared = plan("0"), plan("1")
+    assert private[("rollout-0", "base weights")] == private[("learner", "base weights")] == w
+    assert shared[("learner", "base weights")] == pytest.approx(w / (n + 1))
+    assert shared[("rollout-5", "base weights")] == pytest.approx(w / (n + 1))
+    adapters = ram_plan._lora_params(cfg, s) * 4.0
+    assert shared[("rollout-0", "LoRA adapters, unmerged, fp32")] == adapters
+    assert ("rollout-0", "bf16 W0 of the adapted linears") not in shared
+    bf16_w0 = ram_plan._adapted_linear_params(cfg, s) * 2.0
+    saved = n * w + n * (bf16_w0 - adapters)  # six fp32 copies and six bf16 W0s
+    assert sum(private.values()) - sum(shared.values()) == pytest.approx(saved)
+    assert sum(shared.values()) / ram_plan.GiB < 9 < 23 < sum(private.values()) / ram_plan.GiB
