@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=None, help="override rollout.group_size")
     ap.add_argument("--no-checkpointing", action="store_true",
                     help="plan without gradient checkpointing")
+    ap.add_argument("--ram-gb", type=float, default=None,
+                    help="host RAM to plan for, GiB (default: available now)")
     args = ap.parse_args(argv)
     try:
         cfg = get_preset(args.preset)
@@ -301,12 +303,32 @@ def main(argv: list[str] | None = None) -> int:
             cfg.rollout.group_size = args.group_size
         if args.no_checkpointing:
             cfg.model.gradient_checkpointing = False
-        text, fits, _ = report(cfg, args.gpu_gb, capability=_capability(args.capability))
+        text, fits = _device_plans(cfg, args)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(text)
     return 0 if fits else 1
+
+
+def _device_plans(cfg: Config, args) -> tuple[str, bool]:
+    """The plans that bind `cfg`: a GPU preset's host side (RAM), then its card plan, whose
+    verdict stays the last line; a CPU preset's RAM plan alone (it uses no card, so a card
+    plan would only mislead)."""
+    import psutil
+
+    from launch import ram_plan
+
+    ram_gb = args.ram_gb if args.ram_gb is not None else psutil.virtual_memory().available / GiB
+    gpu = cfg.model.device == "cuda"
+    ram_text, ram_fits, _ = ram_plan.report(cfg, ram_gb, gpu=gpu)
+    if not gpu:
+        return (f"{cfg.preset} runs on the CPU (model.device={cfg.model.device}): its plan is "
+                f"the machine's RAM (python -m launch.ram_plan); no card is used\n{ram_text}",
+                ram_fits)
+    text, fits, _ = report(cfg, args.gpu_gb, capability=_capability(args.capability))
+    return (f"host memory (python -m launch.ram_plan --gpu):\n{ram_text}\n\n"
+            f"the card:\n{text}", fits and ram_fits)
 
 
 if __name__ == "__main__":

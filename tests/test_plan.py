@@ -75,3 +75,21 @@ def test_model_shapes_fall_back_to_builtin_values_offline(name, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     s = plan.model_shapes(name)
     assert (s.layers, s.kv_heads, s.head_dim, s.hidden, s.vocab) == (28, 2, 128, 1536, 151936)
+
+
+def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
+    """launch.plan shows the plan that binds the preset: a CPU preset's RAM (no CUDA rows),
+    a GPU preset's card phases and then its host side."""
+    from launch.plan import main
+
+    assert main(["--preset", "cpu-14core", "--ram-gb", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "runs on the CPU" in out and "rollout-5" in out and "of 16: fits" in out
+    assert "CUDA" not in out and "card" not in out.split("no card is used", 1)[1]
+    assert main(["--preset", "cpu-14core", "--ram-gb", "4"]) == 1  # the RAM decides
+    capsys.readouterr()
+    assert main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8", "--ram-gb", "16"]) == 0
+    out = capsys.readouterr().out
+    host, card = out.split("the card:", 1)
+    assert "rollout (learner idle, engine awake)" in card and "of 8: fits" in card
+    assert "engine weights in host memory while asleep" in host and "of 16: fits" in host
