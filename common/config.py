@@ -232,6 +232,11 @@ class RunConfig:
     wait_for_capacity_s: float = 600.0
     """after a lost node, how long the run waits for the cluster to host the lost learner or
     worker again (seconds) before it stops with one line and a resumable checkpoint"""
+    cores: int = 0
+    """CPU cores to size the run for (rollout workers, their threads, learner threads:
+    launch/sizing.py): 0 = the preset's split, -1 = every core this process may use"""
+    ram_gb: float = 0.0
+    """RAM to size the run for, GiB: 0 = what is available at start"""
     learner_tcmalloc: bool = True
     """a CPU learner runs with tcmalloc (LD_PRELOAD) when libtcmalloc_minimal is installed
     (`make tcmalloc`): steps ~18% faster here than with glibc malloc, and a lower peak"""
@@ -247,6 +252,8 @@ class RunConfig:
         _int("run.keep_checkpoints", self.keep_checkpoints, 1)
         _int("run.sample_every", self.sample_every, 1)
         _int("run.eval_n", self.eval_n, 1)
+        _int("run.cores", self.cores, -1, 4096)
+        _range("run.ram_gb", self.ram_gb, 0.0)
 
 
 @dataclass

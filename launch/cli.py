@@ -41,7 +41,11 @@ ALIASES = {
     "--steps-per-call": "rollout.steps_per_call",
     "--device": "model.device",
     "--gpu-memory-gb": "model.gpu_memory_gb",
+    "--cores": "run.cores",
+    "--ram-gb": "run.ram_gb",
 }
+SPLIT_FLAGS = ("rollout.num_workers", "rollout.threads_per_worker", "rollout.learner_threads")
+"""set by hand, these are the run's split, in place of run.cores' sizing"""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -175,7 +179,7 @@ def resolve_run(argv=None) -> tuple[Config, str, bool, dict]:
     if args.resume is None:
         if (why := why_not_new(run_dir)) is not None:  # never append to a run or a model dir
             _fail(why)
-        return cfg, run_dir, False, {}
+        return _sized(cfg, args), run_dir, False, {}
     if (why := why_not_run(run_dir)) is not None:
         _fail(why)
     try:
@@ -183,6 +187,27 @@ def resolve_run(argv=None) -> tuple[Config, str, bool, dict]:
     except ConfigError as e:
         _fail(str(e))
     return saved, run_dir, True, changes
+
+
+def _sized(cfg: Config, args: argparse.Namespace) -> Config:
+    """`cfg` sized for the machine (launch/sizing.py), saying how in one log line; a split given
+    by hand wins over the preset's sizing, and together with --cores is one error line."""
+    import logging
+
+    from launch.sizing import size_run
+
+    hand = [f"--{f}" for f in SPLIT_FLAGS if getattr(args, f, None) is not None]
+    if hand and getattr(args, "run.cores", None) not in (None, "0"):
+        _fail(f"--cores sizes the run; it cannot be given with {', '.join(hand)} (use one)")
+    if hand:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cores=0))
+    try:
+        cfg, why = size_run(cfg)
+    except ConfigError as e:
+        _fail(str(e))
+    if why:
+        logging.getLogger("homerl.sizing").info("sized: %s", why)
+    return cfg
 
 
 def open_run(argv=None) -> tuple[Config, str, bool, RunLock]:

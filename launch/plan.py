@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="plan without gradient checkpointing")
     ap.add_argument("--ram-gb", type=float, default=None,
                     help="host RAM to plan for, GiB (default: available now)")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="size a CPU run for N cores (-1: this machine's; launch/sizing.py); "
+                         "default: the preset's run.cores")
     args = ap.parse_args(argv)
     try:
         cfg = get_preset(args.preset)
@@ -321,11 +324,17 @@ def _device_plans(cfg: Config, args) -> tuple[str, bool]:
 
     ram_gb = args.ram_gb if args.ram_gb is not None else psutil.virtual_memory().available / GiB
     gpu = cfg.model.device == "cuda"
-    ram_text, ram_fits, _ = ram_plan.report(cfg, ram_gb, gpu=gpu)
     if not gpu:
+        try:
+            cfg, why = ram_plan.sized(cfg, args.cores, ram_gb)
+        except ConfigError as err:  # no split fits this machine: the verdict, not a bad flag
+            return f"does not fit: {err}", False
+        ram_text, ram_fits, _ = ram_plan.report(cfg, ram_gb)
+        sized = f"sized: {why}\n" if why else ""
         return (f"{cfg.preset} runs on the CPU (model.device={cfg.model.device}): its plan is "
-                f"the machine's RAM (python -m launch.ram_plan); no card is used\n{ram_text}",
-                ram_fits)
+                f"the machine's RAM (python -m launch.ram_plan); no card is used\n{sized}"
+                f"{ram_text}", ram_fits)
+    ram_text, ram_fits, _ = ram_plan.report(cfg, ram_gb, gpu=gpu)
     text, fits, _ = report(cfg, args.gpu_gb, capability=_capability(args.capability))
     return (f"host memory (python -m launch.ram_plan --gpu):\n{ram_text}\n\n"
             f"the card:\n{text}", fits and ram_fits)

@@ -73,7 +73,8 @@ def _cpu_14core() -> Config:
                               max_staleness=1),
         grpo=GRPOConfig(lr=1e-4, entropy_rho=0.2, micro_batch=16),
         curriculum=CurriculumConfig(task="arith", level=2),
-        run=RunConfig(steps=200, checkpoint_every=25),
+        # sized from the machine it runs on (launch/sizing.py): 14 cores give the split above
+        run=RunConfig(steps=200, checkpoint_every=25, cores=-1),
     )
 
 

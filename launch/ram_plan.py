@@ -286,6 +286,17 @@ def check(cfg: Config, available_gb: float, gpu: bool = False) -> None:
         raise ConfigError(f"{cfg.preset}: {refusal(cfg, available_gb, s, gpu)}")
 
 
+def sized(cfg: Config, cores: int | None, ram_gb: float) -> tuple[Config, str | None]:
+    """`cfg` sized for `cores` (None: the preset's run.cores) and `ram_gb` (launch/sizing.py)."""
+    import dataclasses
+
+    from launch.sizing import size_run
+
+    run = dataclasses.replace(cfg.run, ram_gb=ram_gb,
+                              cores=cfg.run.cores if cores is None else cores)
+    return size_run(dataclasses.replace(cfg, run=run))
+
+
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
@@ -296,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="RAM to plan for, GiB (default: available now)")
     ap.add_argument("--engine", choices=("hf", "vllm"), default=None, help="rollout.engine")
     ap.add_argument("--num-workers", type=int, default=None, help="rollout.num_workers")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="size the run for N cores (-1: this machine's; launch/sizing.py); "
+                         "default: the preset's run.cores")
     ap.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=None,
                     help="plan the host side of a GPU run (default: when the preset's "
                          "model.device is cuda)")
@@ -304,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = get_preset(args.preset)
         cfg.rollout.engine = args.engine or cfg.rollout.engine
         cfg.rollout.num_workers = args.num_workers or cfg.rollout.num_workers
+        cfg, why = sized(cfg, args.cores, args.ram_gb)
+        if why:
+            print(f"sized: {why}")
         gpu = cfg.model.device == "cuda" if args.gpu is None else args.gpu
         text, fits, _ = report(cfg, args.ram_gb, gpu=gpu)
     except (ConfigError, ValueError, KeyError) as err:

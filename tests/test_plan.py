@@ -82,11 +82,12 @@ def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
     a GPU preset's card phases and then its host side."""
     from launch.plan import main
 
-    assert main(["--preset", "cpu-14core", "--ram-gb", "16"]) == 0
+    assert main(["--preset", "cpu-14core", "--cores", "14", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out
     assert "runs on the CPU" in out and "rollout-5" in out and "of 16: fits" in out
     assert "CUDA" not in out and "card" not in out.split("no card is used", 1)[1]
-    assert main(["--preset", "cpu-14core", "--ram-gb", "4"]) == 1  # the RAM decides
+    assert main(["--preset", "cpu-14core", "--cores", "14", "--ram-gb", "3"]) == 1  # RAM decides
+    assert "does not fit: cpu-14core on 14 cores" in capsys.readouterr().out
     capsys.readouterr()
     assert main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out
