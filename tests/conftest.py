@@ -119,6 +119,11 @@ SLOW_FIRST = (
     "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
     "test_reward_fns.py::test_a_trl_reward_file_trains_plain_and_chat_runs_unchanged",
     "test_models.py::test_embedded_smollm2_converts_once_and_chats",
+    "test_eval_engines.py::",
+    "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
+    "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
+    "test_bench_gpu.py::test_both_sides_run_the_same_forced_step",
+    "test_run_dir.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
 )
 
 
