@@ -18,14 +18,16 @@ from tools.bench_gpu import nf4_skip
 from tools.bench_gpu_trl import forced_prompts, micro_batch, trl_config
 
 TINY_RUN = ["--device", "cpu", "--shape", "tiny", "--prompt-tokens", "16", "--new-tokens", "8",
-            "--group", "2", "--prompts", "1", "--steps", "2", "--warmup", "0"]
+            "--group", "2", "--prompts", "1", "--steps", "3", "--warmup", "0"]
 
 
 @pytest.mark.slow
 def test_both_sides_run_the_same_forced_step_and_the_ratio_is_their_quotient(tmp_path):
-    """Both pairs (--nf4 on runs the NF4 QLoRA pair on the CPU too): each side ran its steps
-    in processes of its own, TRL generated exactly the forced tokens from prompts of exactly
-    the forced length, and the printed ratio, last, is TRL's s/step over ours."""
+    """Both pairs (--nf4 on runs the NF4 QLoRA pair on the CPU too): each side ran its 3 timed
+    steps in processes of its own, both sampled the same completions and tokens per step (the
+    forced G x prompts completions of exactly --new-tokens tokens, TRL's from prompts of exactly
+    the forced length), each side's LoRA weights moved, and the printed ratio, last, is TRL's
+    s/step over ours."""
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "tools.bench_gpu", *TINY_RUN, "--nf4", "on",
                            "--out", str(out)], capture_output=True, text=True, timeout=900)
@@ -38,14 +40,23 @@ def test_both_sides_run_the_same_forced_step_and_the_ratio_is_their_quotient(tmp
         assert "error" not in ours and "error" not in trl, (name, ours.get("error"),
                                                             trl.get("error"))
         for side in (ours, trl):
-            assert len(side["step_s"]) == 2 and side["timed_steps"] == 2
+            assert len(side["step_s"]) >= 3 and side["timed_steps"] >= 3
             assert side["s_per_step"] > 0 and side["completions_per_s"] > 0
             assert all(gb > 0 for gb in side["peak_gb"].values()) and side["peak_total_gb"] > 0
+            # G x prompts = 2 completions of exactly 8 new tokens in each of the 3 timed steps
+            assert side["completions_per_step"] == [2, 2, 2]
+            assert side["completion_tokens_per_step"] == [16, 16, 16]
+            assert side["lora_changed"] is True and side["lora_max_abs_change"] > 0
+            assert side["lora_sum_abs_change"] >= side["lora_max_abs_change"]
+            assert side["lora_tensors"] > 0
+        assert ours["completions_per_step"] == trl["completions_per_step"]
+        assert ours["completion_tokens_per_step"] == trl["completion_tokens_per_step"]
+        assert ours["lora_tensors"] == trl["lora_tensors"]  # A and B of the same modules
         assert pair["ratio_trl_over_ours"] == pytest.approx(trl["s_per_step"]
                                                             / ours["s_per_step"])
-        # TRL: 2 steps x 2 completions of exactly 8 new tokens, from 16-token prompts
-        assert trl["completion_lengths"] == [[8, 8], [8, 8]] and trl["forced_tokens"]
-        assert trl["prompt_lengths"] == [16, 16]
+        # TRL: 3 steps x 2 completions of exactly 8 new tokens, from 16-token prompts
+        assert trl["completion_lengths"] == [[8, 8]] * 3 and trl["forced_tokens"]
+        assert trl["prompt_lengths"] == [16, 16, 16]
         assert trl["loaded_4bit"] == (name == "qlora") and trl["gradient_checkpointing"]
         assert trl["imported"] == [] and ours["harness"]["imported"] == []  # no Ray, no vLLM
         # ours: a learner and an engine process, neither the driver, this test or TRL's
@@ -57,6 +68,7 @@ def test_both_sides_run_the_same_forced_step_and_the_ratio_is_their_quotient(tmp
     assert last.startswith("ratio TRL/ours s/step")
     assert f"{res['pairs']['lora']['ratio_trl_over_ours']:.2f}" in last
     assert "two processes, no Ray" in proc.stdout and "peak RSS" in proc.stdout
+    assert "WARNING" not in proc.stdout
 
 
 @pytest.mark.slow
@@ -100,3 +112,24 @@ def test_prompts_tokenize_to_exactly_the_forced_length():
     prompts = forced_prompts(tok, 3, 512, seed=1)
     assert len(set(prompts)) == 3
     assert [len(ids) for ids in tok(text=prompts)["input_ids"]] == [512, 512, 512]
+
+
+def test_lora_change_compares_only_trainable_lora_tensors_with_their_host_copy():
+    import torch
+
+    from tools.gpu_share import lora_change, lora_snapshot
+
+    model = torch.nn.ModuleDict({"lora_A": torch.nn.Linear(2, 2), "base": torch.nn.Linear(2, 2)})
+    model["base"].requires_grad_(False)
+    before = lora_snapshot(model.named_parameters())
+    assert sorted(before) == ["lora_A.bias", "lora_A.weight"]
+    with torch.no_grad():
+        model["base"].weight.add_(1.0)  # not a LoRA tensor: no change counted
+    assert lora_change(before, model.named_parameters()) == {
+        "lora_tensors": 2, "lora_max_abs_change": 0.0, "lora_sum_abs_change": 0.0,
+        "lora_changed": False}
+    with torch.no_grad():
+        model["lora_A"].weight[0, 1] -= 0.5
+    got = lora_change(before, model.named_parameters())
+    assert got["lora_changed"] and got["lora_max_abs_change"] == pytest.approx(0.5)
+    assert got["lora_sum_abs_change"] == pytest.approx(0.5)

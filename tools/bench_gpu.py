@@ -21,7 +21,10 @@ measurement of time and memory only, not of learning.
 Each side runs `--warmup` steps, then `--steps` timed ones; it prints s/step (median, range),
 completions/s, peak memory per process (on CUDA torch's max_memory_reserved plus a CUDA
 context estimate; on a CPU each process's peak RSS) and, last, the ratio of TRL's s/step to
-ours. With bitsandbytes and CUDA a second pair runs NF4 QLoRA on both sides.
+ours. With bitsandbytes and CUDA a second pair runs NF4 QLoRA on both sides. `--out` also
+records per side the completions and completion tokens of each timed step and whether its
+LoRA weights changed (`lora_changed`, `lora_max_abs_change`); a WARNING line says when the
+sides' counts differ or a side's LoRA weights did not move.
 Only torch, transformers, peft, trl (and bitsandbytes) are imported: no Ray, no vLLM.
 """
 
@@ -123,6 +126,15 @@ def figures(step_s: list[float], warmup: int, completions: int) -> dict:
             "timed_steps": len(timed), "completions_per_s": completions / med}
 
 
+LORA_KEYS = ("lora_changed", "lora_max_abs_change", "lora_sum_abs_change", "lora_tensors")
+
+
+def work(completions: list[int], tokens: list[int], warmup: int) -> dict:
+    """Completions and completion tokens per timed step (the warm-up steps left out)."""
+    return {"completions_per_step": completions[warmup:],
+            "completion_tokens_per_step": tokens[warmup:]}
+
+
 def ours_config(args, path: str, pair: str):
     """The gpu-8gb preset's config with the bench's shape, lengths, cap and device."""
     cfg = get_preset("gpu-8gb")
@@ -152,6 +164,8 @@ def run_ours(args, path: str, shapes: Shapes, pair: str) -> dict:
         return {"error": f"a process of ours died ({type(err).__name__}; its traceback is "
                          "above)"}
     out = figures(res["step_s"], args.warmup, args.group * args.prompts)
+    out |= work(res["completions_per_step"], res["completion_tokens_per_step"], args.warmup)
+    out |= {k: res[k] for k in LORA_KEYS}
     return out | {"pids": {p: res["pids"][p] for p in ("learner", "engine")},
                   "peak_gb": dict(res["caps_gb"]),
                   "peak_total_gb": max(res["phase_sum_gb"].values()),
@@ -174,6 +188,8 @@ def run_trl_side(args, path: str, pair: str, dtype: str) -> dict:
     if "error" in res:
         return res
     out = figures(res["step_s"], args.warmup, args.group * args.prompts)
+    calls = res["completion_lengths"]  # one reward call per step
+    out |= work([len(c) for c in calls], [sum(c) for c in calls], args.warmup)
     forced = all(n == args.new_tokens for call in res["completion_lengths"] for n in call)
     return out | res | {"pids": {"trl": res["pid"]}, "peak_gb": {"trl": res["peak_gb"]},
                         "peak_total_gb": res["peak_gb"], "forced_tokens": forced}
@@ -278,10 +294,18 @@ def report_tail(args, pairs: dict, skip: str | None) -> list[str]:
     """The closing lines: checks, the NF4 pair's fate, and the ratio line last."""
     out = []
     for pair, p in pairs.items():
-        trl = p["trl"]
-        if "error" not in trl and not trl["forced_tokens"]:
+        ours, trl = p["ours"], p["trl"]
+        if "error" in ours or "error" in trl:
+            continue
+        if not trl["forced_tokens"]:
             out.append(f"WARNING [{PAIRS[pair]}]: TRL generated other than {args.new_tokens} "
                        "tokens per completion")
+        if any(ours[k] != trl[k] for k in ("completions_per_step",
+                                           "completion_tokens_per_step")):
+            out.append(f"WARNING [{PAIRS[pair]}]: the sides' completions or tokens per step "
+                       "differ")
+        out += [f"WARNING [{PAIRS[pair]}]: {name}'s LoRA weights did not change"
+                for name, side in (("ours", ours), ("TRL", trl)) if not side["lora_changed"]]
     if skip:
         out.append(f"NF4 QLoRA pair skipped: {skip}")
     parts = []

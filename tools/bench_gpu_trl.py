@@ -15,6 +15,8 @@ and `gradient_accumulation_steps` so that one optimizer step uses G x prompts co
 generation, as ours does (`steps_per_generation` defaults to the accumulation steps).
 The prompts are text made of whole-word tokens that TRL's own tokenizer call turns into exactly
 `prompt_tokens` ids; the reward is random (throughput and memory only).
+The peft model's LoRA tensors are copied to the host before `trainer.train()` and compared with
+them after it (`lora_changed`, `lora_max_abs_change`).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def run_trl(spec: dict) -> dict:
     from common.device import cap_process_memory
     from common.models import load_tokenizer
     from common.quant import nf4_config
-    from tools.gpu_share import Meter
+    from tools.gpu_share import Meter, lora_change, lora_snapshot
 
     device = spec["device"]
     if device == "cuda":
@@ -142,7 +144,9 @@ def run_trl(spec: dict) -> dict:
             callbacks=[timer])
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
+        before = lora_snapshot(trainer.model.named_parameters())  # the peft model's, on the host
         trainer.train()
+        changed = lora_change(before, trainer.model.named_parameters())
     step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     return {"pid": os.getpid(), "step_s": step_s, "completion_lengths": lengths,
             "prompt_lengths": [len(x) for x in tok(text=rows)["input_ids"]],
@@ -150,7 +154,8 @@ def run_trl(spec: dict) -> dict:
             "grad_accum": args.gradient_accumulation_steps,
             "gradient_checkpointing": args.gradient_checkpointing,
             "loaded_4bit": bool(getattr(trainer.model, "is_loaded_in_4bit", False)),
-            "imported": sorted(m for m in ("ray", "vllm") if sys.modules.get(m) is not None)}
+            "imported": sorted(m for m in ("ray", "vllm") if sys.modules.get(m) is not None)
+            } | changed
 
 
 def _child(conn, spec: dict) -> None:

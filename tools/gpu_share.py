@@ -19,6 +19,10 @@ resident set (the peak reset per phase through /proc/self/clear_refs), which sta
 card, and the weights' move is simulated: the model's tensors are emptied and a copy kept
 aside, an observable change, not a saving.
 
+Per step the driver counts the completions the engine sampled and their tokens; after the
+last step the learner says how far its LoRA tensors moved from a host copy taken before the
+first (`lora_change`).
+
 Only torch, transformers and peft are imported (bitsandbytes for NF4): no Ray, no vLLM.
 """
 
@@ -91,9 +95,28 @@ def _imported() -> list[str]:
     return sorted(m for m in ("ray", "vllm") if m in sys.modules)
 
 
+def lora_snapshot(named_params) -> dict:
+    """A host copy of the trainable LoRA tensors (names holding "lora_") of `named_params`:
+    off the device, so the device's memory figures do not count it."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in named_params
+            if p.requires_grad and "lora_" in n}
+
+
+def lora_change(before: dict, named_params) -> dict:
+    """How far the LoRA tensors of `named_params` moved from `before` (`lora_snapshot`): the
+    number of tensors compared, the largest and the summed absolute element change."""
+    now = dict(named_params)
+    diffs = [(now[n].detach().to("cpu").float() - b.float()).abs() for n, b in before.items()]
+    top = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
+    return {"lora_tensors": len(diffs), "lora_max_abs_change": top,
+            "lora_sum_abs_change": float(sum(float(d.sum()) for d in diffs)),
+            "lora_changed": top > 0}
+
+
 def _learner_proc(conn, cfg_dict: dict) -> None:
-    """The learner: builds its model (capping itself: learner.learner), then trains on what it
-    is sent and returns its adapters."""
+    """The learner: builds its model (capping itself: learner.learner) and keeps a host copy of
+    its LoRA tensors, then trains on what it is sent and returns its adapters; asked, it says
+    how far its LoRA tensors moved from that copy."""
     from common.config import Config
     from common.device import actor_device
     from common.types import TrainBatch
@@ -102,10 +125,14 @@ def _learner_proc(conn, cfg_dict: dict) -> None:
     cfg = Config.from_dict(cfg_dict)
     meter = Meter(actor_device())
     learner = Learner(cfg)
+    before = lora_snapshot(learner.params.items())  # before the first step: on the host
     conn.send({"pid": os.getpid(), "now": meter.now()})
     while (msg := conn.recv())[0] != "stop":
         if msg[0] == "idle":
             conn.send({"now": meter.now()})
+            continue
+        if msg[0] == "lora_change":  # after the last step, outside every timed one
+            conn.send(lora_change(before, learner.params.items()))
             continue
         meter.reset()
         t0 = time.perf_counter()
@@ -245,13 +272,17 @@ def run_two_process(cfg, path: str, shapes, steps: int, gpu_gb: float) -> dict:
         for k in range(steps):
             t0 = time.perf_counter()
             roll = _ask(econn, "generate", k)
+            comps = roll["batch"]["completion_ids"]
             idle = _ask(lconn, "idle")
             asleep = _ask(econn, "sleep")
             learned = _ask(lconn, "train", roll.pop("batch"))
             awake = _ask(econn, "wake")
             loaded = _ask(econn, "load", learned.pop("update"))
             log.append({"step_s": time.perf_counter() - t0, "rollout": roll, "idle": idle,
-                        "sleep": asleep, "learn": learned, "wake": awake, "load": loaded})
+                        "sleep": asleep, "learn": learned, "wake": awake, "load": loaded,
+                        "completions": len(comps),
+                        "completion_tokens": sum(len(c) for c in comps)})
+        changed = _ask(lconn, "lora_change")
     finally:
         for conn in (econn, lconn):
             with contextlib.suppress(OSError):  # a dead child's pipe is broken
@@ -260,12 +291,13 @@ def run_two_process(cfg, path: str, shapes, steps: int, gpu_gb: float) -> dict:
             proc.join(timeout=60)
             if proc.is_alive():
                 proc.kill()
-    return summarise(first, log, planned, caps, gpu_gb)
+    return summarise(first, log, planned, caps, gpu_gb) | changed
 
 
 def summarise(first: dict, log: list[dict], planned: dict, caps: dict, gpu_gb: float) -> dict:
     """Per phase and process: the measured peak (the largest over the steps) against the plan;
-    each phase's two processes summed, and whether that stays under `gpu_gb`."""
+    each phase's two processes summed, and whether that stays under `gpu_gb`; per step the
+    completions the engine sampled and their tokens."""
     measured = {"rollout": {"learner": max(s["idle"]["now"] for s in log),
                             "engine": max(s["rollout"]["peak"] for s in log)},
                 "learn": {"learner": max(s["learn"]["peak"] for s in log),
@@ -286,6 +318,8 @@ def summarise(first: dict, log: list[dict], planned: dict, caps: dict, gpu_gb: f
             "imported": sorted({m for s in log for part in ("learn", "load")
                                 for m in s[part]["imported"]}),
             "step_s": [s["step_s"] for s in log],
+            "completions_per_step": [s["completions"] for s in log],
+            "completion_tokens_per_step": [s["completion_tokens"] for s in log],
             "s_per_step": statistics.median(s["step_s"] for s in log),
             "rollout_s": statistics.median(s["rollout"]["s"] for s in log),
             "learner_step_s": statistics.median(s["learn"]["s"] for s in log),
