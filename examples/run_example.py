@@ -13,10 +13,12 @@ file` scores the same split with transformers (README.md of each example).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from launch import run_io
 from launch.cli import parse_config
@@ -78,3 +80,16 @@ def run(flags: list[str], argv: list[str]) -> int:
     print(f"training: {summary['steps']} steps in {train_s / 60:.1f} min; "
           f"run directory {run_dir} (example.json, metrics.jsonl, samples.jsonl, final/)")
     return 0
+
+
+def example_main(here: Path, flags: list[str], argv: list[str]) -> int:
+    """An example's command: write its data into `here`/data (its own make_data.py), then
+    `run` from the repository root, where its reward module imports as
+    examples.<name>.rewards, on its file task with the cpu-demo preset plus `flags`."""
+    data = here / "data"
+    os.chdir(here.parents[1])
+    importlib.import_module(f"examples.{here.name}.make_data").main([str(data)])
+    task = ["--preset", "cpu-demo", "--curriculum.task", "file",
+            "--curriculum.data_path", str(data / "train.jsonl"),
+            "--curriculum.heldout_path", str(data / "heldout.jsonl")]
+    return run(task + flags, argv)

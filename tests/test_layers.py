@@ -1,6 +1,6 @@
 """The package layers import one way, so the house stays livable:
 
-    common  <-  rewards  <-  actors, learner  <-  launch  <-  tools
+    common  <-  rewards  <-  actors, learner  <-  launch  <-  tools, examples
 
 A module may import its own package and any lower layer; never a higher one, and `actors` and
 `learner` never import each other. `rewards` stays free of torch, Ray and transformers.
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER = {"common": 0, "rewards": 1, "actors": 2, "learner": 2, "launch": 3, "tools": 4}
+LAYER = {"common": 0, "rewards": 1, "actors": 2, "learner": 2, "launch": 3, "tools": 4,
+         "examples": 4}
 MAX_LINES = 400
 
 

@@ -11,19 +11,15 @@ are missing the run stops before it starts, saying why (docs/tasks.md, Verifiers
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-DATA = HERE / "data"
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: `examples` and the project
 
-FLAGS = [
-    "--preset", "cpu-demo",
-    "--curriculum.task", "file",
-    "--curriculum.data_path", str(DATA / "train.jsonl"),
-    "--curriculum.heldout_path", str(DATA / "heldout.jsonl"),
+from examples.run_example import example_main  # noqa: E402
+
+FLAGS = [  # beside the file task on cpu-demo (examples/run_example.py)
     # the held-out score: the reply's code passes the row's asserts, run in the sandbox
     "--curriculum.verifier", "python-tests",
     # the reward: that same check, plus a small bonus for one ```python block defining the
@@ -34,16 +30,5 @@ FLAGS = [
     "--steps", "50",
 ]
 
-
-def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(ROOT))
-    os.chdir(ROOT)  # the reward module imports as examples.code.rewards from here
-    from examples.code import make_data
-    from examples.run_example import run
-
-    make_data.main([str(DATA)])
-    return run(FLAGS, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(example_main(HERE, FLAGS, sys.argv[1:]))

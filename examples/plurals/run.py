@@ -9,19 +9,15 @@ or `--samples K` for pass@K too. The figures are printed and written to RUN_DIR/
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-DATA = HERE / "data"
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root: `examples` and the project
 
-FLAGS = [
-    "--preset", "cpu-demo",
-    "--curriculum.task", "file",
-    "--curriculum.data_path", str(DATA / "train.jsonl"),
-    "--curriculum.heldout_path", str(DATA / "heldout.jsonl"),
+from examples.run_example import example_main  # noqa: E402
+
+FLAGS = [  # beside the file task on cpu-demo (examples/run_example.py)
     # the held-out score: the `exact` verifier on the final `Answer:` line
     "--curriculum.verifier", "exact",
     # the reward: the right plural in that line, plus a small bonus for the line's shape
@@ -31,16 +27,5 @@ FLAGS = [
     "--steps", "80",
 ]
 
-
-def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(ROOT))
-    os.chdir(ROOT)  # the reward module imports as examples.plurals.rewards from here
-    from examples.plurals import make_data
-    from examples.run_example import run
-
-    make_data.main([str(DATA)])
-    return run(FLAGS, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(example_main(HERE, FLAGS, sys.argv[1:]))
