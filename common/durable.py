@@ -45,23 +45,22 @@ def cut(event: str, path: str = "") -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync(path: str, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
     cut("fsync", path)
+
+
+def fsync_file(path: str) -> None:
+    _fsync(path)
 
 
 def fsync_dir(path: str) -> None:
     """Make the entries of directory `path` (files created, renamed or removed) durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    cut("fsync", path)
+    _fsync(path, getattr(os, "O_DIRECTORY", 0))
 
 
 def fsync_tree(path: str) -> None:
