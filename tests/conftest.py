@@ -123,7 +123,7 @@ SLOW_FIRST = (
     "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
     "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
     "test_bench_gpu.py::test_both_sides_run_the_same_forced_step",
-    "test_run_dir.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
+    "test_run_end.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
 )
 
 

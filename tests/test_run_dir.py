@@ -1,6 +1,6 @@
 """The run directory under faults: what a crash, a power cut, a full disk, a second driver or a
-wrong directory does to a run, with real files and real processes (no Ray, except the two tests
-of the end-of-run checkpoint).
+wrong directory does to a run, with real files and real processes (no Ray; the end-of-run
+checkpoint, with Ray actors, is tests/test_run_end.py).
 
 * `--run-dir` refuses a non-empty directory that is not a run of this project (a model dir);
 * `--resume` drops a torn last metrics line with one warning, refuses a malformed config.json
@@ -9,7 +9,6 @@ of the end-of-run checkpoint).
   each cut point in turn always leaves a whole, loadable checkpoint (keep_checkpoints 1), and
   every file and directory is fsync'ed before anything older is removed;
 * one driver per run directory (flock), a dead holder's lock taken over;
-* the end of a run is a resumable checkpoint; a failure there is one line naming the last good;
 * safetensors' full-disk errors keep their errno.
 """
 
@@ -341,83 +340,3 @@ def test_a_bug_in_safetensors_is_not_taken_for_a_full_disk(tmp_path, monkeypatch
     monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
     with pytest.raises(TypeError):
         save_state(str(tmp_path), "driver", {"x": np.zeros(3)}, {})
-
-
-# ---- 8. the end of a run is a resumable checkpoint (real Ray actors) ---------------------------
-def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path):
-    cfg = get_preset("tiny")
-    cfg.run.steps, cfg.run.checkpoint_every = 3, 0
-    run_job(cfg, tmp_path)
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
-        "ckpt-000003"]
-    assert (tmp_path / "final" / "homerl.json").exists()
-    assert not [n for n in os.listdir(tmp_path) if n.startswith((".tmp-", ".trash-"))]
-    cfg.run.steps = 5
-    summary, rows, _ = run_job(cfg, tmp_path, resume=True)
-    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
-    assert [r["weights/version"] for r in rows] == [1, 2, 3, 4, 5]  # went on from version 3
-    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000005")
-
-
-def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_cluster, tmp_path):
-    from launch.train import CheckpointWriteError, Trainer
-
-    class FullDiskAtTheEnd(Trainer):
-        def _write_checkpoint(self, step):
-            if step == self.cfg.run.steps:
-                run_io.checkpoint_tmp(self.run_dir, step)
-                raise OSError(errno.ENOSPC, "No space left on device (injected)")
-            super()._write_checkpoint(step)
-
-    cfg = get_preset("tiny")
-    cfg.run.steps, cfg.run.checkpoint_every = 4, 2
-    trainer = FullDiskAtTheEnd(cfg, str(tmp_path))
-    try:
-        with pytest.raises(CheckpointWriteError) as err:
-            trainer.run()
-    finally:
-        trainer.shutdown()
-    assert str(err.value) == ("the end of the run (step 4) was not saved (OSError: [Errno 28] "
-                              "No space left on device (injected)); the last good checkpoint "
-                              f"is {tmp_path / 'ckpt-000002'}")
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
-    resumed = Trainer(cfg, str(tmp_path), resume=True)
-    try:
-        assert resumed.start == 2
-        resumed.run()
-    finally:
-        resumed.shutdown()
-    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2,
-                                                                                       3]
-    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
-
-
-def test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row(ray_cluster, tmp_path):
-    """Step k's row is logged after the checkpoint of step k+1: a driver dying in between
-    leaves that row only in the checkpoint, and the resume logs it."""
-    from launch.train import Trainer
-
-    class DiesAfterTheCheckpoint(Trainer):
-        def checkpoint(self, step):
-            took = super().checkpoint(step)
-            if step == 2:
-                raise KeyboardInterrupt  # the driver is gone before it logs step 1's row
-            return took
-
-    cfg = get_preset("tiny")
-    cfg.run.steps, cfg.run.checkpoint_every = 3, 2
-    trainer = DiesAfterTheCheckpoint(cfg, str(tmp_path))
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            trainer.run()
-    finally:
-        trainer.shutdown()
-    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0]
-    resumed = Trainer(cfg, str(tmp_path), resume=True)
-    try:
-        assert resumed.start == 2
-        resumed.run()
-    finally:
-        resumed.shutdown()
-    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
-    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["time/step_s"] > 0
