@@ -117,7 +117,14 @@ class WeightApplier:
             if name not in self.adapters:  # dropped by a full load
                 return output
             a, b, scale = self.adapters[name]                       # (r, in), (out, r)
-            delta = F.linear(F.linear(args[0].to(a.dtype), a), b) * scale
+            x = args[0]                                             # (..., in)
+            if x.dtype in (torch.float16, torch.bfloat16):
+                # a 16-bit body (a GPU engine): the delta in its dtype. fp32 would copy the
+                # activations (up to 4 x tokens x intermediate bytes in a prefill) for a sum
+                # that is rounded back to 16 bits anyway
+                a, b = a.to(x.dtype), b.to(x.dtype)
+                return output + F.linear(F.linear(x, a), b) * scale  # (..., out)
+            delta = F.linear(F.linear(x.to(a.dtype), a), b) * scale
             return (output.to(delta.dtype) + delta).to(output.dtype)
         return hook
 

@@ -30,7 +30,9 @@ learner (its KV cache is the plan's, `kv_cache_memory_bytes`). Estimates (bytes)
 * engine: the policy's base in the compute dtype (vLLM 0.32 has no bitsandbytes 4-bit, so a
   QLoRA worker serves the dequantised NF4 base), one LoRA adapter slot, a KV cache for one
   call's sequences at full length (vLLM's max_num_seqs), 0.3 GiB workspace, vLLM's CUDA graphs
-  (0.25 GiB, kept asleep). 0.5 GiB CUDA context per process.
+  (0.25 GiB, kept asleep); the HF engine (the harness of tools.gpu_smoke and tools.bench_gpu)
+  also one layer's working set for a prefill of every prompt of a call at once. 0.5 GiB CUDA
+  context per process.
 
 The compute dtype: bf16 on cards of compute capability 8.0 and newer, fp16 on older ones (the
 same bytes); the driver reads the card's capability in a subprocess (common/device.py).
@@ -84,12 +86,18 @@ def _train_state(cfg: Config, s: Shapes) -> tuple[str, float]:
     return f"LoRA r={cfg.lora.r}: {lora / 1e6:.1f}M params + grads + AdamW (fp32)", lora * 16.0
 
 
+def _working_bytes(s: Shapes) -> int:
+    """One layer's working set per token in 16 bits: hidden in and out, q/k/v, attention out,
+    the MLP's gate, up and their product."""
+    return (2 * s.hidden + (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim
+            + 3 * s.intermediate) * 2
+
+
 def _step_parts(cfg: Config, s: Shapes) -> list[tuple[str, float]]:
     ro, b = cfg.rollout, cfg.grpo.micro_batch
     seq = ro.max_prompt_tokens + ro.max_new_tokens
     tokens = b * seq
-    working = tokens * (2 * s.hidden + (s.heads + 2 * s.kv_heads) * s.head_dim
-                        + s.heads * s.head_dim + 3 * s.intermediate) * 2
+    working = tokens * _working_bytes(s)
     if cfg.model.gradient_checkpointing:
         acts = ("activations, checkpointed", s.layers * tokens * s.hidden * 2 + working)
     else:
@@ -117,6 +125,10 @@ def _engine_parts(cfg: Config, s: Shapes, dtype: str) -> list[tuple[str, str, fl
     rows += [(AWAKE, f"KV cache ({batch.seqs} seqs x {batch.max_model_len} tokens)",
               float(kv_bytes(s, batch, nbytes))),
              (AWAKE, "sampler/activation workspace", ENGINE_WORKSPACE)]
+    if ro.engine == "hf":  # generate prefills every prompt of a call at once; vLLM chunks it
+        tokens = batch.seqs * ro.max_prompt_tokens
+        rows.append((AWAKE, f"prefill working set ({batch.seqs} x {ro.max_prompt_tokens} "
+                            "tokens, one layer)", float(tokens * _working_bytes(s))))
     return rows
 
 

@@ -133,3 +133,18 @@ def test_lora_change_compares_only_trainable_lora_tensors_with_their_host_copy()
     got = lora_change(before, model.named_parameters())
     assert got["lora_changed"] and got["lora_max_abs_change"] == pytest.approx(0.5)
     assert got["lora_sum_abs_change"] == pytest.approx(0.5)
+
+
+def test_ours_is_not_started_where_the_card_plan_says_it_cannot_fit():
+    """At 8 GiB the 1.5B shape in bf16 LoRA needs two 16-bit bases on the card (learner and
+    engine): the plan refuses it with its figure, before any process starts (on an H200 capped
+    at 8 GiB the engine died at its cap); NF4 QLoRA fits."""
+    from tools.bench_gpu import SHAPES, ours_config, plan_refusal
+
+    args = SimpleNamespace(gpu_memory_gb=8, device="cuda", seed=0, group=8, prompts=2,
+                           prompt_tokens=512, new_tokens=512)
+    shapes = SHAPES["deepseek-ai/deepseek-r1-distill-qwen-1.5b"]
+    refused = plan_refusal(ours_config(args, "unused", "lora"), shapes, 8)
+    assert refused and "does not fit the 8 GiB cap" in refused and "rollout phase" in refused
+    assert plan_refusal(ours_config(args, "unused", "qlora"), shapes, 8) is None
+    assert plan_refusal(ours_config(args, "unused", "lora"), shapes, 12) is None

@@ -6,6 +6,7 @@ else runs as it would on the card: vLLM's own config classes judge the engine's 
 import dataclasses
 import json
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -378,3 +379,15 @@ def test_a_runs_qlora_workers_get_the_learners_nf4_bytes_through_ray(ray_cluster
         pool.shutdown()
         ray.kill(learner)
         layout.remove()
+
+
+def test_nf4_check_compares_bytes_and_dequantisation_on_the_cpu(tmp_path):
+    """tools.nf4_check's code path with both sides on the CPU (the card's run is in docs/gpu.md):
+    every NF4 layer counted, the same bytes, no difference after dequantisation."""
+    out = tmp_path / "nf4.json"
+    run = subprocess.run([sys.executable, "-m", "tools.nf4_check", "--cpu", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["layers"] == 14 == res["layers_same_bytes_cpu_vs_device"]  # 2 layers x 7 linears
+    assert res["max_abs_diff_cpu_dequant_vs_device_dequant"] == 0

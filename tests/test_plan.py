@@ -94,3 +94,19 @@ def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
     host, card = out.split("the card:", 1)
     assert "rollout (learner idle, engine awake)" in card and "of 8: fits" in card
     assert "engine weights in host memory while asleep" in host and "of 16: fits" in host
+
+
+def test_the_hf_engine_plans_a_prefill_of_every_prompt_of_a_call():
+    """The HF engine (the GPU harness's) prefills all G x prompts sequences at once: its plan
+    holds one layer's working set for them, growing with the prompt length (vLLM's does not:
+    it chunks the prefill)."""
+    def prefill(engine, prompt_tokens):
+        cfg = get_preset("gpu-8gb")
+        cfg.rollout.engine, cfg.rollout.max_prompt_tokens = engine, prompt_tokens
+        return [v for p, name, v in plan.budget(cfg, SHAPES) if name.startswith("prefill")]
+
+    assert prefill("vllm", 512) == []
+    one, two = prefill("hf", 256), prefill("hf", 512)
+    assert len(one) == 1 and two[0] == pytest.approx(2 * one[0])
+    g = get_preset("gpu-8gb").rollout
+    assert two[0] > g.group_size * g.prompts_per_step * 512 * 3 * SHAPES.intermediate * 2

