@@ -15,6 +15,7 @@ from rewards import prompt_text
 from rewards.fnbatch import FnScores, verify_samples
 from rewards.shaping import combine, format_bonus
 from rewards.userfns import TrainerState
+from rewards.working import working_valid
 
 
 def encode_prompts(tokenizer, prompts: list[dict], limit: int):
@@ -59,7 +60,8 @@ def verifier_rewards(worker, samples: list[dict], texts: list[str]) -> tuple[lis
     correct = np.array([r.score for r in results], dtype=np.float32)              # (N,)
     fmt = np.array([r.format_score for r in results], dtype=np.float32)           # (N,)
     bonus = format_bonus(fmt, texts, worker.cfg.reward.format_needs_working,  # metrics keep
-                         worker.cfg.reward.other_tag_bonus, styles, checks)     # fmt
+                         worker.cfg.reward.other_tag_bonus, styles, checks,     # fmt
+                         [s.get("question") for s in samples])
     return results, combine(correct, bonus, worker.cfg.rollout.format_weight,
                             format_gated(worker.cfg.reward, worker.version))
 
@@ -98,6 +100,7 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
         rewards = fns.rewards
     else:
         results, rewards = verifier_rewards(worker, samples, texts)
+    numeric = [s.get("verifier") in (None, "numeric") for s in samples]
     return RolloutBatch(
         prompt_ids=[prompt_ids[keep.index(i)] for i in index], completion_ids=comps,
         logprobs=lps, entropy=ents, finish_reasons=reasons, texts=texts, prompt_index=index,
@@ -108,4 +111,6 @@ def verified_batch(worker, prompts: list[dict], keep: list[int], prompt_ids: lis
         gen_time_s=time.perf_counter() - t0, load_s=load_s, worker=worker.name, memory=memory[0],
         verifier_memory=memory[1], skipped=skipped,
         fn_scores=fns.per_fn if fns else {}, fn_errors=fns.errors if fns else {},
+        working_valid=[float(working_valid(t, s.get("question"))) if num else float("nan")
+                       for t, s, num in zip(texts, samples, numeric)],
         fn_logged=fns.logged if fns else {})

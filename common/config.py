@@ -2,7 +2,7 @@
 
 Every field carries a one-line docstring (read by `launch.cli` for `--help`). A bad value fails
 fast in `__post_init__` with a one-line `ConfigError` naming the field and the allowed values.
-Presets live in `launch/presets.py`; `launch.cli` applies `--section.field value` overrides.
+Presets live in `common/presets.py`; `launch.cli` applies `--section.field value` overrides.
 """
 
 from __future__ import annotations

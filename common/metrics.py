@@ -13,6 +13,9 @@ REWARD_CORRECT = "reward/correct"
 REWARD_FORMAT = "reward/format"
 REWARD_STRICT = "reward/strict"
 """share of completions right and in the asked format (strict accuracy of the samples)"""
+REWARD_WORKING_VALID = "reward/working_valid"
+"""share of numeric completions whose working above the answer line is true arithmetic that
+ends at the answer, not copied from the question (rewards.working)"""
 REWARD_ERRORS = "reward/errors"
 REWARD_ERROR_PREFIX = "reward/error_"
 """+ verifier error code: how many completions got that code (a failed reward function's call:

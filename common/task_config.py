@@ -25,8 +25,9 @@ class RewardConfig:
     format_gate_steps: int = 0
     """the format bonus counts only for a right answer while the policy version is below this"""
     format_needs_working: bool = False
-    """the format bonus counts only after working (a line with a number above the answer
-    line): a bare `Answer: N` guess earns nothing (rewards/shaping.py)"""
+    """the format bonus counts only after valid working (true arithmetic statements above the
+    answer line, ending at its number, not copied from the question): a bare `Answer: N`
+    guess, a restated question or a false sum earns nothing (rewards/working.py)"""
     other_tag_bonus: bool = True
     """the format bonus pays 0.25 for a tag of another answer style than the prompt asked
     for (false: only the asked style's tag pays, so a stage pulls away from earlier styles)"""

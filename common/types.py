@@ -99,6 +99,9 @@ class RolloutBatch:
     """reward.fn: {error code: completions that got it}, summed over the functions"""
     fn_logged: dict[str, list[float]] = field(default_factory=dict)
     """reward.fn: the values the functions gave log_metric, by name"""
+    working_valid: list[float] = field(default_factory=list)
+    """(N,) 1.0 where the working above the answer line is true arithmetic ending at the
+    answer (rewards.working), 0.0 where not, NaN for a non-numeric answer"""
 
     @property
     def num_tokens(self) -> int:
@@ -117,7 +120,7 @@ class RolloutBatch:
             lent_share=self.lent_share, load_s=self.load_s, memory={self.worker: self.memory},
             verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped),
             fn_scores=dict(self.fn_scores), fn_errors=dict(self.fn_errors),
-            fn_logged=dict(self.fn_logged))
+            fn_logged=dict(self.fn_logged), working_valid=list(self.working_valid))
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,8 @@ class RolloutSummary:
     """reward.fn: {error code: completions that got it}"""
     fn_logged: dict[str, list[float]] = field(default_factory=dict)
     """reward.fn: log_metric values by name"""
+    working_valid: list[float] = field(default_factory=list)
+    """(N,) valid working (1.0 / 0.0; NaN: not a numeric answer), RolloutBatch"""
 
     @property
     def num_tokens(self) -> int:
@@ -204,7 +209,8 @@ class RolloutSummary:
             skipped=join("skipped"), fn_scores=_join_fn_scores(parts),
             fn_errors=dict(sum((Counter(p.fn_errors) for p in parts), Counter())),
             fn_logged={k: [v for p in parts for v in p.fn_logged.get(k, [])]
-                       for k in dict.fromkeys(k for p in parts for k in p.fn_logged)})
+                       for k in dict.fromkeys(k for p in parts for k in p.fn_logged)},
+            working_valid=join("working_valid"))
 
     def metrics(self) -> dict:
         """The step's rollout metrics (common.metrics names)."""
@@ -229,6 +235,9 @@ class RolloutSummary:
             M.ROLLOUT_SKIPPED: len(self.skipped),
             M.REWARD_ERRORS: sum(errors.values()),
         }
+        valid = np.asarray(self.working_valid, dtype=np.float64)
+        if len(valid) and not np.isnan(valid).all():
+            out[M.REWARD_WORKING_VALID] = float(np.nanmean(valid))
         for code in sorted(errors):
             out[f"{M.REWARD_ERROR_PREFIX}{code}"] = errors[code]
         return out | self._fn_metrics()

@@ -79,6 +79,26 @@ def table(before: dict, after: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def facts_table(before: dict, after: dict) -> str | None:
+    """Greedy accuracy by facts (rows: asked in training in other words, or never) x templates
+    (columns: the splits), base -> trained; None when the sets carry no facts."""
+    names = [name for name in before if "by_fact" in before[name]]
+    if not names:
+        return None
+    lines = [f"{'accuracy by fact x template':<30}" + "".join(f"{n + ' templates':^30}"
+                                                              for n in names)]
+    for fact in ("seen", "unseen"):
+        cells = ""
+        for name in names:
+            b, a = before[name]["by_fact"].get(fact), after[name]["by_fact"].get(fact)
+            cells += (f"{b['accuracy']:>9.1%} -> {a['accuracy']:<7.1%}(n={b['n']:>3})  "
+                      if b and a else f"{'-':^30}")
+        lines.append(f"{fact + ' facts':<30}{cells}")
+    lines.append("seen facts: asked in training in other words; unseen facts: never asked in "
+                 "training (rewards/arith.py)")
+    return "\n".join(lines)
+
+
 def warnings_for(before: dict, after: dict) -> list[str]:
     """A line for each split where the trained model learned the format but lost accuracy: the
     run learned to guess in the asked format (one seed in three of the recipe does, README)."""
@@ -165,6 +185,8 @@ def demo(cfg, run_dir: str, console: QuietConsole, t0: float) -> int:
              if cfg.curriculum.task == "arith" else f"held-out {cfg.curriculum.task}")
     say()
     say(table(before, after, title))
+    if (facts := facts_table(before, after)) is not None:
+        say(facts)
     for line in warnings_for(before, after):
         say(line)
     say(f"scored by {engine}, greedy and sampled, on the run's rollout worker")

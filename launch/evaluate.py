@@ -153,6 +153,20 @@ def table(results: list[dict], sets: list[str], key: str = "accuracy") -> str:
     return "\n".join(lines)
 
 
+def facts_table(results: list[dict], sets: list[str]) -> str | None:
+    """Accuracy by templates (the set) x facts (level-1 arithmetic: asked in training in other
+    words, or never); None when no set carries facts."""
+    cols = [(s, f) for s in sets for f in ("seen", "unseen")
+            if all(f in r["sets"][s].get("by_fact", {}) for r in results)]
+    if not cols:
+        return None
+    names = [f"{s} templates/{f} facts" for s, f in cols]
+    flat = [{"model": r["model"], "sets": {name: r["sets"][s]["by_fact"][f]
+                                           for name, (s, f) in zip(names, cols)}}
+            for r in results]
+    return table(flat, names)
+
+
 def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new_tokens: int,
                   batch_size: int, workers: int = 0, threads: int = 1, k: int = 0
                   ) -> list[dict]:
@@ -239,6 +253,8 @@ def main(argv=None) -> int:
     else:
         result = results
         print(table(results, list(sets)))
+    if (facts := facts_table(results, list(sets))) is not None:
+        print(facts)
     print(json.dumps(result, indent=2))
     if args.out:
         with open(args.out, "w") as f:

@@ -57,6 +57,13 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
         out.update({"samples": k, "pass_n": m,
                     "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / m,
                     f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / m})
+    facts = {s["fact"] for s in samples if s.get("fact")}
+    if facts:  # level-1 arithmetic: facts training asked (in other words) and facts it never did
+        out["by_fact"] = {f: {"n": sum(s.get("fact") == f for s in samples),
+                              "accuracy": sum(r.score for s, r in zip(samples, results)
+                                              if s.get("fact") == f)
+                              / max(1, sum(s.get("fact") == f for s in samples))}
+                          for f in sorted(facts)}
     pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
     out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
                         "completion": texts[i], "correct": results[i].score == 1.0}

@@ -11,6 +11,11 @@ seed: `seen` (seen templates, questions whose stable hash falls in bucket 0 of
 `HELDOUT_BUCKETS`; the training stream rejects and resamples those) and `unseen` (the unseen
 templates, which the training stream never uses). The hash is sha256 of the question text,
 not Python's per-process salted ``hash()``.
+
+Level 1 has only 155 facts (a, op, b), so a question held out by its text still asks a fact
+training asks in other words. A fixed fifth of the facts (`is_heldout_fact`, 31 of them) never
+appears in training under any phrasing; each level-1 held-out sample says which kind it asks
+(`"fact": "seen" | "unseen"`), so a split's score breaks down into facts x templates.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ def is_heldout_question(question: str) -> bool:
     return stable_bucket(question) == 0
 
 
+def is_heldout_fact(a: int, op: str, b: int) -> bool:
+    """True for the level-1 facts training never asks (bucket 0 of their own stable hash)."""
+    return stable_bucket(f"fact {a} {op} {b}") == 0
+
+
 def level1_facts() -> list[tuple[int, str, int]]:
     """Every distinct level-1 problem (155 of them) as (a, op, b), in a fixed order."""
     return ([(a, "+", b) for a in range(10) for b in range(10)]
@@ -79,12 +89,16 @@ def templates(level: int, split: str) -> tuple:
     return BINARY_SEEN if split == "seen" else BINARY_UNSEEN
 
 
-def sample_problem(level: int, split: str, rng: random.Random) -> tuple[Problem, str]:
-    """((question, answer), template name) drawn with `rng` from the split's templates."""
+def sample_problem(level: int, split: str, rng: random.Random,
+                   train: bool = False) -> tuple[Problem, str]:
+    """((question, answer), template name) drawn with `rng` from the split's templates;
+    `train`: never a held-out level-1 fact (`is_heldout_fact`)."""
     template = rng.choice(templates(level, split))
     if level == 3:
         return template(rng), template.__name__
     a, op, b = _binary_numbers(level, rng)
+    while train and level == 1 and is_heldout_fact(a, op, b):
+        a, op, b = _binary_numbers(level, rng)
     return (binary_text(template, a, op, b), _answer(a, op, b)), template.__name__
 
 
@@ -100,10 +114,12 @@ class ArithmeticTask:
         self.level = level
         self.seed = seed
 
-    def _sample(self, sample_id: str, problem: Problem, template: str, split: str) -> dict:
+    def _sample(self, sample_id: str, problem: Problem, template: str, split: str,
+                fact: str | None = None) -> dict:
         question, answer = problem
-        return {"id": sample_id, "question": question, "answer": str(answer),
-                "task": self.name, "level": self.level, "template": template, "split": split}
+        out = {"id": sample_id, "question": question, "answer": str(answer),
+               "task": self.name, "level": self.level, "template": template, "split": split}
+        return out | ({"fact": fact} if fact else {})
 
     def train_sample(self, i: int) -> dict:
         """Training sample number `i` (i >= 0): a seen template, never a held-out question."""
@@ -112,7 +128,7 @@ class ArithmeticTask:
         # A str seed is hashed with sha512 by `random`, so this is stable across runs.
         rng = random.Random(f"{self.seed}-{self.level}-{i}")
         while True:
-            problem, template = sample_problem(self.level, "seen", rng)
+            problem, template = sample_problem(self.level, "seen", rng, train=True)
             if not is_heldout_question(problem[0]):
                 return self._sample(f"arith-l{self.level}-s{self.seed}-{i}", problem, template,
                                     "train")
@@ -121,14 +137,15 @@ class ArithmeticTask:
         """The first `n` (at most HELDOUT_SIZE) questions of a held-out split, the same for
         every seed; distinct questions only."""
         n = min(max(n, 0), HELDOUT_SIZE)
-        return [self._sample(f"arith-l{self.level}-{split}-{j}", problem, template, split)
-                for j, (problem, template) in enumerate(self._heldout(split)[:n])]
+        return [self._sample(f"arith-l{self.level}-{split}-{j}", problem, template, split, fact)
+                for j, (problem, template, fact) in enumerate(self._heldout(split)[:n])]
 
-    def _heldout(self, split: str) -> list[tuple[Problem, str]]:
+    def _heldout(self, split: str) -> list[tuple[Problem, str, str | None]]:
         rng = random.Random(f"{_HELDOUT_SEED}-{self.level}-{split}")
         keep = is_heldout_question if split == "seen" else (lambda q: True)
         if self.level == 1:  # small: enumerate every question, shuffle once
-            every = [((binary_text(t, a, op, b), _answer(a, op, b)), t.__name__)
+            every = [((binary_text(t, a, op, b), _answer(a, op, b)), t.__name__,
+                      "unseen" if is_heldout_fact(a, op, b) else "seen")
                      for t in templates(1, split) for a, op, b in level1_facts()]
             chosen = [p for p in every if keep(p[0][0])]
             rng.shuffle(chosen)
@@ -140,5 +157,5 @@ class ArithmeticTask:
             problem, template = sample_problem(self.level, split, rng)
             if keep(problem[0]) and problem[0] not in seen:
                 seen.add(problem[0])
-                out.append((problem, template))
+                out.append((problem, template, None))
         return out

@@ -4,8 +4,10 @@ The reward of a completion is correct + w * format_score. With `if_correct` the 
 only for a right answer: a policy can then no longer earn reward by writing the asked
 `Answer: N` line around a guess, which is how a seed of the embedded model once unlearned its
 working (completions fell from ~15 tokens of sums to `Answer: 8` in ten steps). With
-`reward.format_needs_working` the bonus counts only after working (`has_working`): the bare
-`Answer: N` line earns nothing, while the bonus still teaches the line from the first step.
+`reward.format_needs_working` the bonus counts only after valid working
+(`rewards.working.working_valid`: true arithmetic statements, not copied from the question,
+ending at the answer): a bare `Answer: N` line, a restated question or a false sum above a guess
+earns nothing, while the bonus still teaches the line from the first step.
 
 DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13): with L_max = max_new_tokens and a
 buffer of L_cache tokens before it,
@@ -21,31 +23,24 @@ ones that finished just before the limit.
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
 from rewards.styles import get_style
 from rewards.verifiers import OTHER_TAG_SCORE
-
-_DIGIT = re.compile(r"\d")
-
-
-def has_working(text: str) -> bool:
-    """Is there working before the final line: a non-empty line with a digit in it above the
-    last non-empty line? (`Answer: 7` alone has none; `3 + 4 = 7` then `Answer: 7` has.)"""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return any(_DIGIT.search(ln) for ln in lines[:-1])
+from rewards.working import working_valid
 
 
 def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool,
                  other_tag: bool = True, styles: list[str | None] | None = None,
-                 verifiers: list[str | None] | None = None) -> np.ndarray:
+                 verifiers: list[str | None] | None = None,
+                 questions: list[str | None] | None = None) -> np.ndarray:
     """(N,) what the format bonus pays for: the (N,) format scores, zeroed where
-    `needs_working` and a completion has no working before its last line (`has_working`;
-    only for numeric answers, `verifiers[i]` None or "numeric", and never for a `one_line`
-    style's sample, `styles[i]`, which asks for no working), and, unless `other_tag`, where
-    its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
+    `needs_working` and a completion has no valid working before its answer line
+    (`rewards.working.working_valid`: true statements ending at the answer, not copied from
+    `questions[i]`; only for numeric answers, `verifiers[i]` None or "numeric", and never for
+    a `one_line` style's sample, `styles[i]`, which asks for no working), and, unless
+    `other_tag`, where its only tag is another answer style's (`OTHER_TAG_SCORE`)."""
     fmt = np.asarray(fmt, dtype=np.float32)                                         # (N,)
     if not other_tag:
         fmt = np.where(fmt == np.float32(OTHER_TAG_SCORE), np.float32(0.0), fmt)   # (N,)
@@ -53,8 +48,9 @@ def format_bonus(fmt: np.ndarray, texts: list[str], needs_working: bool,
         return fmt
     styles = styles if styles is not None else [None] * len(texts)
     verifiers = verifiers if verifiers is not None else [None] * len(texts)
-    worked = [get_style(s).one_line or v not in (None, "numeric") or has_working(t)
-              for t, s, v in zip(texts, styles, verifiers)]
+    questions = questions if questions is not None else [None] * len(texts)
+    worked = [get_style(s).one_line or v not in (None, "numeric") or working_valid(t, q)
+              for t, s, v, q in zip(texts, styles, verifiers, questions)]
     return fmt * np.array(worked, dtype=np.float32)                                 # (N,)
 
 

@@ -1,9 +1,16 @@
-"""Command line scorer: ``python -m rewards.verify FILE.jsonl [--timeout 2.0]``.
+"""Command line scorer: ``python -m rewards.verify FILE.jsonl [--preset NAME] [--timeout 2.0]``.
 
-Each input line is ``{"completion": str, "answer": str}`` ("-" reads stdin).
-Prints one JSON line per input line, in order::
+Each input line is ``{"completion": str, "answer": str}``, optionally with the ``"question"``
+it answers ("-" reads stdin). Prints one JSON line per input line, in order::
 
-    {"line": 3, "score": 1.0, "format_score": 1.0, "parsed": "72", "error": null}
+    {"line": 3, "score": 1.0, "format_score": 1.0, "parsed": "72", "error": null,
+     "working_valid": true, "reward": 1.5}
+
+``reward`` is what a run of the preset (default ``cpu-demo``) pays the completion on a numeric
+task: correct + format_weight x the format bonus, the bonus after valid working only where the
+preset asks for it (`rewards.shaping`, `rewards.working`: with the question, working copied
+from it is recognised), for right answers only where it asks for that
+(``reward.format_if_correct``; a ``reward.format_gate_steps`` gate is taken as passed).
 
 A malformed input line yields ``"error": "bad_input_line"`` with a "detail" and
 scoring continues. An unreadable file prints one line on stderr and exits 2.
@@ -18,16 +25,22 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
+import numpy as np
+
+from common.presets import PRESETS, get_preset
 from rewards.sandbox import VerifierPool
+from rewards.shaping import combine, format_bonus
+from rewards.working import working_valid
 
 BAD_INPUT_LINE = "bad_input_line"
 CHUNK_SIZE = 64  # lines scored per pool call: amortises IPC, keeps output streaming
 
-Parsed = tuple[int, tuple[str, str] | None, str | None]  # line, (completion, answer), detail
+Item = tuple[str, str, str | None]  # completion, answer, question
+Parsed = tuple[int, Item | None, str | None]  # line, item, detail
 
 
-def _parse_line(text: str) -> tuple[tuple[str, str] | None, str | None]:
-    """Return ``((completion, answer), None)`` or ``(None, why_it_is_bad)``."""
+def _parse_line(text: str) -> tuple[Item | None, str | None]:
+    """Return ``((completion, answer, question), None)`` or ``(None, why_it_is_bad)``."""
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -41,7 +54,10 @@ def _parse_line(text: str) -> tuple[tuple[str, str] | None, str | None]:
         answer = str(answer)
     if not isinstance(answer, str):
         return None, "'answer' missing or not a string"
-    return (completion, answer), None
+    question = record.get("question")
+    if question is not None and not isinstance(question, str):
+        return None, "'question' not a string"
+    return (completion, answer, question), None
 
 
 def _records(stream: BinaryIO) -> Iterator[Parsed]:
@@ -68,10 +84,21 @@ def _chunks(records: Iterable[Parsed], size: int) -> Iterator[list[Parsed]]:
         yield chunk
 
 
-def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float) -> None:
+def paid(results: list, good: list[Item], reward_cfg, format_weight: float) -> list[float]:
+    """(N,) the reward a run with `reward_cfg` pays each scored item (`rewards.shaping`)."""
+    fmt = np.array([r.format_score for r in results], dtype=np.float32)          # (N,)
+    bonus = format_bonus(fmt, [c for c, _, _ in good], reward_cfg.format_needs_working,
+                         reward_cfg.other_tag_bonus, questions=[q for _, _, q in good])
+    correct = np.array([r.score for r in results], dtype=np.float32)             # (N,)
+    return combine(correct, bonus, format_weight, reward_cfg.format_if_correct).tolist()
+
+
+def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float, cfg) -> None:
     """Score the good lines of `chunk` and print every line's outcome in order."""
     good = [item for _, item, _ in chunk if item is not None]
-    results = iter(pool.score([c for c, _ in good], [a for _, a in good], timeout_s=timeout_s))
+    scored = pool.score([c for c, _, _ in good], [a for _, a, _ in good], timeout_s=timeout_s)
+    rewards = iter(paid(scored, good, cfg.reward, cfg.rollout.format_weight) if good else [])
+    results, items = iter(scored), iter(good)
     for lineno, item, detail in chunk:
         if item is None:
             out = {
@@ -81,15 +108,18 @@ def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float) -> N
                 "parsed": None,
                 "error": BAD_INPUT_LINE,
                 "detail": detail,
+                "reward": 0.0,
             }
         else:
-            result = next(results)
+            result, (completion, _, question) = next(results), next(items)
             out = {
                 "line": lineno,
                 "score": result.score,
                 "format_score": result.format_score,
                 "parsed": result.parsed,
                 "error": result.error,
+                "working_valid": working_valid(completion, question),
+                "reward": round(next(rewards), 6),
             }
         print(json.dumps(out))
     sys.stdout.flush()
@@ -100,9 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rewards.verify", description=__doc__)
     parser.add_argument("file", help="JSONL file of {completion, answer}; '-' for stdin")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per item")
+    parser.add_argument("--preset", default="cpu-demo", choices=sorted(PRESETS),
+                        help="whose reward settings the `reward` field applies")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    cfg = get_preset(args.preset)
     try:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:
@@ -110,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with stream, VerifierPool() as pool:
         for chunk in _chunks(_records(stream), CHUNK_SIZE):
-            _score_chunk(pool, chunk, args.timeout)
+            _score_chunk(pool, chunk, args.timeout, cfg)
     return 0
 
 

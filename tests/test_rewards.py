@@ -318,7 +318,8 @@ def test_cli_scores_file_and_reports_bad_lines(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [o["line"] for o in out] == [1, 2, 4, 5, 6]
-    assert out[0] == {"line": 1, "score": 1.0, "format_score": 1.0, "parsed": "72", "error": None}
+    assert out[0] == {"line": 1, "score": 1.0, "format_score": 1.0, "parsed": "72", "error": None,
+                      "working_valid": False, "reward": 1.0}  # cpu-demo: no working, no bonus
     assert [o["error"] for o in out[1:]] == [
         "bad_input_line",
         "bad_input_line",

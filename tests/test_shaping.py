@@ -11,7 +11,7 @@ from actors.prompts import verified_batch
 from common.config import Config, RewardConfig
 from common.models import load_tokenizer
 from rewards.sandbox import VerifierPool
-from rewards.shaping import format_bonus, has_working
+from rewards.shaping import format_bonus
 
 
 def test_overlong_penalty_by_hand():
@@ -52,19 +52,6 @@ def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
         RewardConfig(format_gate_steps=-1)
 
 
-@pytest.mark.parametrize("text, working", [
-    ("Answer: 7", False),                       # the bare guess the collapse learns
-    ("  \nAnswer: 7\n", False),
-    ("3 + 4 = 7\nAnswer: 7", True),
-    ("Mia has 3 + 2 = 5 coins\n\nAnswer: 5", True),
-    ("Let me think.\nAnswer: 7", False),        # words with no number are not working
-    ("7", False),
-    ("", False),
-])
-def test_has_working_by_hand(text, working):
-    assert has_working(text) is working
-
-
 def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama):
     """verified_batch on hand-written completions, real tokenizer and verifier: with
     reward.format_needs_working the bare `Answer: 7` earns nothing while the formatted answer
@@ -90,6 +77,8 @@ def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama
     plain, gated = rewards(False), rewards(True)
     np.testing.assert_allclose(plain.rewards, [1.5, 1.5, 0.5, 1.0])
     np.testing.assert_allclose(gated.rewards, [1.5, 1.0, 0.0, 1.0])
+    assert gated.working_valid == [1.0, 0.0, 0.0, 0.0]  # reward/working_valid, whatever pays
+    assert gated.summary().metrics()["reward/working_valid"] == pytest.approx(0.25)
     np.testing.assert_array_equal(gated.format_score, plain.format_score)  # metrics unchanged
 
 

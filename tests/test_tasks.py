@@ -11,6 +11,7 @@ import pytest
 from rewards.arith import (
     HELDOUT_SIZE,
     SPLITS,
+    is_heldout_fact,
     is_heldout_question,
     level1_facts,
     templates,
@@ -63,6 +64,59 @@ def test_arith_heldout_splits_never_reach_training(level):
     assert not unseen_names & {s["template"] for s in training}
     assert {s["template"] for s in training} == {t.__name__ for t in templates(level, "seen")}
     assert len(templates(level, "seen")) + len(unseen_names) >= 12 and len(unseen_names) >= 3
+
+
+def test_level1_held_out_facts_are_never_trained_in_any_phrasing():
+    """A fixed fifth of the 155 level-1 facts: none of their texts, in any template, is in the
+    first 10,000 training samples of two seeds (every other fact is); each held-out sample says
+    which kind of fact it asks, and both kinds are in each split."""
+    facts = [f for f in level1_facts() if is_heldout_fact(*f)]
+    assert 0.15 <= len(facts) / len(level1_facts()) <= 0.25
+    texts = {binary_text(t, a, op, b) for split in SPLITS for t in templates(1, split)
+             for a, op, b in facts}
+    others = {binary_text(t, a, op, b) for t in templates(1, "seen")
+              for a, op, b in level1_facts() if not is_heldout_fact(a, op, b)}
+    for seed in (0, 1):
+        training = {ArithmeticTask(1, seed).train_sample(i)["question"] for i in range(10_000)}
+        assert training.isdisjoint(texts) and training <= others
+    for split in SPLITS:
+        held = ArithmeticTask(1).heldout(HELDOUT_SIZE, split)
+        assert {s["fact"] for s in held} == {"seen", "unseen"}
+        assert all((s["question"] in texts) == (s["fact"] == "unseen") for s in held)
+    assert "fact" not in ArithmeticTask(2).heldout(5)[0]  # level 2 has too many facts to list
+
+
+def test_held_out_scores_break_down_by_fact():
+    """launch.scoring: accuracy per kind of fact beside the split's own, from hand-written
+    completions."""
+    from launch.scoring import score
+
+    samples = [{"question": f"q{i}", "answer": "5", "fact": f} for i, f in
+               enumerate(["seen", "seen", "seen", "unseen"])]
+    texts = ["Answer: 5", "Answer: 5", "Answer: 4", "Answer: 4"]
+    out = score(samples, texts, [3] * 4, 0.0)
+    assert out["accuracy"] == 0.5
+    assert out["by_fact"] == {"seen": {"n": 3, "accuracy": pytest.approx(2 / 3)},
+                              "unseen": {"n": 1, "accuracy": 0.0}}
+    assert "by_fact" not in score([{"question": "q", "answer": "5"}], ["Answer: 5"], [3], 0.0)
+
+
+def test_the_demo_and_evaluate_print_facts_by_templates():
+    from launch import demo, evaluate
+
+    def split(seen, unseen):
+        return {"by_fact": {"seen": {"n": 160, "accuracy": seen},
+                            "unseen": {"n": 40, "accuracy": unseen}}}
+
+    before = {"seen": split(0.4, 0.3), "unseen": split(0.2, 0.1)}
+    after = {"seen": split(0.9, 0.5), "unseen": split(0.7, 0.25)}
+    rows = demo.facts_table(before, after).splitlines()
+    assert "30.0% -> 50.0%" in rows[2] and "10.0% -> 25.0%" in rows[2]  # the unseen facts row
+    assert rows[2].startswith("unseen facts") and "(n= 40)" in rows[2]
+    assert demo.facts_table({"x": {}}, {"x": {}}) is None
+    res = [{"model": "m", "sets": after}]
+    out = evaluate.facts_table(res, ["seen", "unseen"]).splitlines()
+    assert "unseen templates/unseen facts" in out[0] and out[1].split()[-1] == "25.0%"
 
 
 @pytest.mark.parametrize("split", SPLITS)

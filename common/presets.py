@@ -1,0 +1,104 @@
+"""Named presets: complete `Config` instances for the hardware this project targets.
+
+    tiny        random tiny Llama built in memory; a full run in seconds (tests)
+    cpu-demo    embedded SmolLM2-135M-Instruct, vLLM rollouts, sized for a 2-core CPU (`make demo`)
+    cpu-14core  Qwen2-0.5B-Instruct, 6 rollout workers on a 14-core CPU box
+    gpu-8gb     DeepSeek-R1-Distill-Qwen-1.5B, NF4 QLoRA r=16, vLLM worker, one 8 GB card
+"""
+
+from __future__ import annotations
+
+from common.config import (
+    Config,
+    ConfigError,
+    CurriculumConfig,
+    GRPOConfig,
+    LoraConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+)
+
+
+def _tiny() -> Config:
+    return Config(
+        preset="tiny",
+        model=ModelConfig(name="tiny-random-llama", dtype="fp32"),
+        lora=LoraConfig(mode="lora", r=8, alpha=16),
+        rollout=RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=12,
+                              max_staleness=1, call_timeout_s=120.0),
+        grpo=GRPOConfig(lr=1e-3, entropy_rho=0.5, micro_batch=8),
+        run=RunConfig(steps=4, checkpoint_every=2, sample_every=2, eval_n=20),
+    )
+
+
+def _cpu_demo() -> Config:
+    return Config(
+        preset="cpu-demo",
+        model=ModelConfig(name="smollm2-135m-instruct"),
+        lora=LoraConfig(mode="lora", r=16, alpha=32),
+        # vLLM's CPU wheel: 110 steps in ~9.7 min against ~13 with HF generate, and about as
+        # much learnt (3 seeds, docs/results.md: unseen 66.5% vs 69.5%, seen 94.5 vs 86.7)
+        rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8, max_new_tokens=40,
+                              temperature=0.8, num_workers=1, threads_per_worker=1,
+                              learner_threads=1, max_staleness=1),
+        # micro_batch 8, one prompt's G completions packed in one row: the learner's step
+        # ~22% shorter than at 4 (its time is no longer hidden: core sharing lends what it
+        # saves to the rollout) for ~0.25 GiB more activation peak (docs/performance.md, "Memory")
+        # entropy_rho 1.0, every completion token in the loss: against the top 20% it raised
+        # unseen accuracy 58.7 -> 69.5% (3 seeds) and reached +20 points sooner (docs/results.md,
+        # "Learning"; docs/history.md, "Time to accuracy"); the learner's 12-16% more work is
+        # hidden behind the rollout at staleness 1
+        grpo=GRPOConfig(lr=3e-4, entropy_rho=1.0, micro_batch=8),
+        curriculum=CurriculumConfig(task="arith", level=1),
+        # the format bonus only after working: without it one seed in three collapsed to
+        # formatted guesses (`Answer: 8`, no sums) within ten steps (docs/results.md)
+        reward=RewardConfig(format_needs_working=True),
+        # 110 steps: ~9.5 min on 2 cores with vLLM (~14 with HF); the recipe search
+        # (docs/results.md, "What did not work") found 110 steps at lr 3e-4 beat 60 at 1e-3
+        run=RunConfig(steps=110, checkpoint_every=20, eval_n=150),
+    )
+
+
+def _cpu_14core() -> Config:
+    return Config(
+        preset="cpu-14core",
+        # gradient checkpointing: without it a micro-batch of 16 x 256 tokens holds ~24 GB of
+        # activations (measured 1.5 GiB at 4 x 64 on a random model of this shape; ram_plan)
+        model=ModelConfig(name="Qwen/Qwen2-0.5B-Instruct", gradient_checkpointing=True),
+        lora=LoraConfig(mode="lora", r=16, alpha=32),
+        rollout=RolloutConfig(prompts_per_step=8, group_size=8, max_new_tokens=256,
+                              num_workers=6, threads_per_worker=1, learner_threads=8,
+                              max_staleness=1),
+        grpo=GRPOConfig(lr=1e-4, entropy_rho=0.2, micro_batch=16),
+        curriculum=CurriculumConfig(task="arith", level=2),
+        # sized from the machine it runs on (launch/sizing.py): 14 cores give the split above
+        run=RunConfig(steps=200, checkpoint_every=25, cores=-1),
+    )
+
+
+def _gpu_8gb() -> Config:
+    return Config(
+        preset="gpu-8gb",
+        # dtype auto: bf16 on cards of compute capability >= 8.0, fp16 on older ones
+        model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="auto",
+                          gradient_checkpointing=True, device="cuda", gpu_memory_gb=8.0),
+        lora=LoraConfig(mode="qlora", r=16, alpha=32),
+        # one card, time-sliced: the engine sleeps while the learner steps, so no overlap
+        rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8,
+                              max_new_tokens=512, max_prompt_tokens=512, max_staleness=0),
+        grpo=GRPOConfig(lr=5e-5, entropy_rho=0.2, micro_batch=4),
+        curriculum=CurriculumConfig(task="gsm8k"),
+        run=RunConfig(steps=500, checkpoint_every=25),
+    )
+
+
+PRESETS = {"tiny": _tiny, "cpu-demo": _cpu_demo, "cpu-14core": _cpu_14core, "gpu-8gb": _gpu_8gb}
+
+
+def get_preset(name: str) -> Config:
+    """A fresh Config for the named preset; unknown names are a one-line ConfigError."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset: must be one of {', '.join(PRESETS)}; got {name!r}")
+    return PRESETS[name]()
