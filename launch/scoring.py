@@ -25,7 +25,8 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     """Metrics of greedy completions `texts` (and `sampled`: K completions for each of the first
     len(sampled) samples).
 
-    accuracy: right final number by any extraction rule; strict: right and in the asked
+    accuracy: right final number by any extraction rule (`RewardResult.any_rule`); strict: the
+    asked line's answer right (as the training reward reads it) and in the asked
     `Answer: N` final-line format; format_rate: share in that format; tagged_accuracy and
     tag_rate: the same with the asked tag anywhere, not only last; pass@1, pass@K over the
     sampled questions (`pass_n` of them).
@@ -40,7 +41,7 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
                             verifiers=[c for c, g in zip(checks, sampled or []) for _ in g])
     n = len(samples)
     out = {
-        "accuracy": sum(r.score for r in results) / n,
+        "accuracy": sum(r.any_rule for r in results) / n,
         "strict_accuracy": sum(r.score * (r.format_score == 1.0) for r in results) / n,
         "format_rate": sum(r.format_score == 1.0 for r in results) / n,
         # the asked style's tag anywhere (an answer line the policy has not learnt to end on)
@@ -53,19 +54,20 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     }
     if sampled:
         k, m = len(sampled[0]), len(sampled)
-        correct = [sum(r.score == 1.0 for r in graded[i * k: (i + 1) * k]) for i in range(m)]
+        correct = [sum(r.any_rule == 1.0 for r in graded[i * k: (i + 1) * k])
+                   for i in range(m)]
         out.update({"samples": k, "pass_n": m,
                     "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / m,
                     f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / m})
     facts = {s["fact"] for s in samples if s.get("fact")}
     if facts:  # level-1 arithmetic: facts training asked (in other words) and facts it never did
         out["by_fact"] = {f: {"n": sum(s.get("fact") == f for s in samples),
-                              "accuracy": sum(r.score for s, r in zip(samples, results)
+                              "accuracy": sum(r.any_rule for s, r in zip(samples, results)
                                               if s.get("fact") == f)
                               / max(1, sum(s.get("fact") == f for s in samples))}
                           for f in sorted(facts)}
     pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
     out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
-                        "completion": texts[i], "correct": results[i].score == 1.0}
+                        "completion": texts[i], "correct": results[i].any_rule == 1.0}
                        for i in pick]
     return out

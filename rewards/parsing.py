@@ -128,6 +128,32 @@ def number_from_words(text: str | None) -> int | None:
     return None
 
 
+_RESULT_TAG_RE = re.compile(r"(?i)\bresult[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+([^\n]*\S)")
+
+
+def on_answer_tag(text: str) -> str | None:
+    """The answer on the last "Answer:" line, read as `extract_answer` reads that tag."""
+    tagged = _last_match(_ANSWER_TAG_RE, text)
+    return None if tagged is None else _salvage_prose(tagged)
+
+
+def on_hash_tag(text: str) -> str | None:
+    """The answer on the last "####" line."""
+    hashed = _last_match(_HASH_RE, text)
+    return None if hashed is None else _salvage_prose(hashed)
+
+
+def on_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...}."""
+    return _find_boxed(text)
+
+
+def on_result_tag(text: str) -> str | None:
+    """The answer on the last "Result:" line."""
+    tagged = _last_match(_RESULT_TAG_RE, text)
+    return None if tagged is None else _salvage_prose(tagged)
+
+
 def answer_tag_text(text: str) -> str | None:
     """What follows the last "Answer:" tag, to the end of its line, as written (no salvage)."""
     return _last_match(_ANSWER_TAG_RE, text)

@@ -16,8 +16,10 @@ one style drifts to it on every prompt, which is forgetting a test can measure.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from rewards.parsing import on_answer_tag, on_boxed, on_hash_tag, on_result_tag
 from rewards.phrasings import NUMBER_WORDS
 
 # A number as the answer line may carry it: "$", a sign, thousands commas, decimals, an a/b
@@ -47,6 +49,9 @@ class AnswerStyle:
     """this style's answer tag anywhere in a completion"""
     in_words: bool = False
     """the answer is the number in English words, 0..999 (`rewards.parsing.number_from_words`)"""
+    read: Callable[[str], str | None] | None = None
+    """the answer on this style's last tag (None: the style has no tag): what the training
+    reward and strict accuracy read (`rewards.verifiers`), whatever other tags the text holds"""
     one_line: bool = False
     """the whole reply is the answer line, no working wanted: format 1.0 only for a reply of
     one line that `final_line` matches, else 0; no working is asked of it for the bonus
@@ -58,24 +63,25 @@ STYLES = {
         "answer",
         "Solve the problem. End your reply with a final line of the form 'Answer: <number>'.",
         re.compile(rf"(?i)^answer:[ \t]*{_NUMBER}\.?$"),
-        re.compile(_ANSWER_TAG + r"\S")),
+        re.compile(_ANSWER_TAG + r"\S"), read=on_answer_tag),
     "hash": AnswerStyle(
         "hash",
         "Solve the problem. End your reply with a final line of the form '#### <number>'.",
         re.compile(rf"^####[ \t]*{_NUMBER}\.?$"),
-        re.compile(r"####[ \t]*\S")),
+        re.compile(r"####[ \t]*\S"), read=on_hash_tag),
     "boxed": AnswerStyle(
         "boxed",
         "Solve the problem. End your reply with a final line of the form '\\boxed{<number>}'.",
         re.compile(rf"^\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}\.?$"),
-        re.compile(r"\\(?:boxed|fbox)\s*\{\s*[^\s{}]")),
+        re.compile(r"\\(?:boxed|fbox)\s*\{\s*[^\s{}]"), read=on_boxed),
     # a near twin of "answer" (one word apart in the prompt): stages that ask for the two pull
     # the same habit in two directions (tools.experiments.forgetting)
     "result": AnswerStyle(
         "result",
         "Solve the problem. End your reply with a final line of the form 'Result: <number>'.",
         re.compile(rf"(?i)^result:[ \t]*{_NUMBER}\.?$"),
-        re.compile(r"(?i)\bresult[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+\S")),
+        re.compile(r"(?i)\bresult[ \t]*+[*_]*+[ \t]*+:[ \t]*+[*_]*+[ \t]*+\S"),
+        read=on_result_tag),
     # the "answer" line with the number in words: a few words apart in the prompt, and the
     # opposite answer on the same problems, meant for stages that pull one habit two ways (the
     # embedded model never samples number words, so it cannot learn this stage: docs/history.md)

@@ -80,16 +80,26 @@ _UNEVALUATED_RE = re.compile(r"[\d.)}]\s*(?:[-+*/^\u00d7\u00f7]|\\cdot|\\times|\
 class RewardResult:
     """Outcome of scoring one completion.
 
-    score: 1.0 if the answer is correct, else 0.0.
+    score: 1.0 if the answer is correct, else 0.0. A numeric answer is read from the asked
+        style's last tag where the text has one (`AnswerStyle.read`), else by any rule.
     format_score: 1.0 if the answer is given in the asked format (see `format_score`).
     parsed: the normalised extracted answer, None when nothing was extracted.
     error: one of `ERROR_CODES`, None when scoring went fine.
+    lenient: a numeric answer's score by any extraction rule, whatever the asked style
+        (`extract_answer`: `####` > `\\boxed{}` > `Answer:` > last number): evaluation's
+        lenient accuracy; None where it is `score`.
     """
 
     score: float
     format_score: float
     parsed: str | None
     error: str | None
+    lenient: float | None = None
+
+    @property
+    def any_rule(self) -> float:
+        """The score by any extraction rule (`lenient`, else `score`)."""
+        return self.score if self.lenient is None else self.lenient
 
 
 def error_result(code: str) -> RewardResult:
@@ -253,12 +263,18 @@ def _verify(completion: object, answer: object, style: str | None = None) -> Rew
         value = number_from_words(raw)
         parsed = str(value) if value is not None else normalize_answer(raw)
         right = value is not None and is_equivalent(parsed, reference)
+        lenient = None
     else:
-        parsed = normalize_answer(raw)
+        loose = normalize_answer(raw)
+        lenient = float(loose is not None and is_equivalent(loose, reference))
+        own = asked.read(text) if asked.read else None  # the asked line, not a stray ####
+        parsed = loose if own is None else normalize_answer(own)
         right = parsed is not None and is_equivalent(parsed, reference)
+    score = 1.0 if parsed is not None and right else 0.0
+    lenient = None if lenient == score else lenient  # set only where the two readings differ
     if parsed is None:
-        return RewardResult(0.0, fmt, None, NO_ANSWER)
-    return RewardResult(1.0 if right else 0.0, fmt, parsed, None)
+        return RewardResult(0.0, fmt, None, NO_ANSWER, lenient)
+    return RewardResult(score, fmt, parsed, None, lenient)
 
 
 def verify(completion: str | bytes, answer: str, style: str | None = None) -> RewardResult:

@@ -85,8 +85,10 @@ CASES = [
     ("\\boxed{5", "5", 1.0, "5", None),
     ("Answer: 3\nLet me recheck.\nAnswer: 4", "4", 1.0, "4", None),
     ("Answer: 3\nAnswer: 4", "3", 0.0, "4", None),
-    ("#### 10\nAnswer: 11", "10", 1.0, "10", None),
-    ("\\boxed{12} so Answer: 13", "12", 1.0, "12", None),
+    # the asked "Answer:" tag is read, not an earlier #### or \boxed{} (lenient evaluation
+    # still reads those first: tests/test_working.py)
+    ("#### 10\nAnswer: 11", "10", 0.0, "11", None),
+    ("\\boxed{12} so Answer: 13", "12", 0.0, "13", None),
     # errors
     ("", "1", 0.0, None, "empty"),
     ("   \n\t ", "1", 0.0, None, "empty"),

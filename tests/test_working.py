@@ -78,3 +78,30 @@ def test_verify_prints_what_the_preset_pays(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rewards.verify", str(path), "--preset", "x"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "cpu-demo" in bad.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("text, style, ref, score, lenient", [
+    # the asked "Answer:" line is read, not a "####" tag in the working (today's rule reads 9)
+    ("#### Step 1: add 6 and 9\n6 + 9 = 15\nAnswer: 15", None, "15", 1.0, 0.0),
+    # a right \boxed{} above a wrong asked line is wrong for training and strict accuracy
+    ("\\boxed{15}\nAnswer: 7", None, "15", 0.0, 1.0),
+    ("Answer: 15\n\\boxed{7}", "boxed", "7", 1.0, 1.0),          # asked \boxed{}: read there
+    ("Result: 15\n#### 3", "result", "15", 1.0, 0.0),
+    ("15", None, "15", 1.0, 1.0),                                 # no tag: any rule, as before
+])
+def test_the_reward_reads_the_asked_line_and_evaluation_keeps_any_rule(text, style, ref, score,
+                                                                       lenient):
+    from rewards.verifiers import verify
+
+    result = verify(text, ref, style)
+    assert (result.score, result.any_rule) == (score, lenient)
+
+
+def test_strict_accuracy_reads_the_asked_line_and_accuracy_any_rule():
+    """launch.scoring: `\\boxed{15}` then `Answer: 7` is right by any rule (accuracy, as earlier
+    tables count it) but not strict."""
+    from launch.scoring import score
+
+    out = score([{"question": Q, "answer": "15"}], ["\\boxed{15}\nAnswer: 7"], [5], 0.0)
+    assert out["accuracy"] == 1.0 and out["strict_accuracy"] == 0.0
+    assert out["format_rate"] == 1.0 and out["tagged_accuracy"] == 0.0
