@@ -180,7 +180,8 @@ def _canonical_decimal(s: str) -> str | None:
     return f"-{body}" if negative else body
 
 
-_SCIENTIFIC_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)[eE]([-+]?\d{1,4})")
+# possessive: "\d+\.?\d*" would try every split of a long digit run (quadratic)
+_SCIENTIFIC_RE = re.compile(r"-?(?:\d++(?:\.\d*+)?+|\.\d++)[eE]([-+]?\d{1,4})")
 
 
 def _expand_exponent(s: str) -> str:

@@ -28,6 +28,8 @@ _TOKENS = re.compile(rf"(?P<num>{_NUM})|(?P<op>[-+*/\u00d7\u00f7\u2212]|x(?![A-Z
 _NUM_AT, _OP_AT = re.compile(rf"[ \t]*({_NUM})"), re.compile(r"[ \t]*([-+*/x\u00d7\u00f7])")
 _DIGIT = re.compile(r"\d")
 _LAST_NUMBER = re.compile(rf"({_NUM})\D*$")
+MAX_CHARS = 20_000
+"""longer completions have no valid working (`rewards.verifiers.MAX_COMPLETION_CHARS`)"""
 MAX_DIGITS = 30
 """longer numbers are not evaluated (a statement with one is neither true nor working)"""
 
@@ -105,6 +107,8 @@ def _squash(text: str) -> str:
 def working_valid(text: str, question: str | None = None) -> bool:
     """Valid working above the answer line of `text`, its last line with a number (see the
     module docstring); `question`, where known, to recognise statements copied from it."""
+    if len(text) > MAX_CHARS:  # not scored at all by the verifier either
+        return False
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     last = max((k for k, ln in enumerate(lines) if _DIGIT.search(ln)), default=0)
     lines = lines[:last + 1]  # the answer line: the last with a number ("Done." may follow)

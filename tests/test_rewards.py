@@ -375,13 +375,16 @@ ADVERSARIAL = [  # a policy can write each of these in a few hundred tokens
     "1," * 50_000,
     "\\boxed{" * 14_000,
     "seven " * 16_000,
+    "1" * 20_000,  # a digit run: the exponent pattern once tried every split of it (~10 s)
+    "1 + " * 4_999 + "1 = 5000\nAnswer: 5000",  # one long statement for working_valid
 ]
 
 
 def test_adversarial_completions_are_scored_without_the_timeout_path():
-    """Every parser (numeric, every answer style's format, exact, choice) on inputs of 20,000
-    to 100,000 characters of spaces, tags, digits and boxes, inside the verifier process with
-    its 2 s limit per item: none may need the timeout (tools.bench_parsers times them)."""
+    """Every parser (numeric, every answer style's format, exact, choice, working_valid) on
+    inputs of 20,000 to 100,000 characters of spaces, tags, digits, boxes and sums, inside the
+    verifier process with its 2 s limit per item: none may need the timeout
+    (tools.bench_parsers times them)."""
     with VerifierPool(verify_fn=helpers.every_parser) as pool:
         results = pool.score(ADVERSARIAL, ["3"] * len(ADVERSARIAL), timeout_s=2.0)
     assert [r.error for r in results].count("timeout") == 0, [r.error for r in results]

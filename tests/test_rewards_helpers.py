@@ -36,10 +36,12 @@ def every_parser(completion, answer):
     from rewards.parsing import extract_answer
     from rewards.styles import STYLES
     from rewards.verifiers import format_score
+    from rewards.working import working_valid
 
     extract_answer(completion)
     for style in STYLES:
         format_score(completion, style)
     checks.exact(completion, answer)
     checks.choice(completion, "B")
+    working_valid(completion, "What is 1 + 1?")
     return verify(completion, answer)

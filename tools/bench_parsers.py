@@ -4,10 +4,11 @@
     python -m tools.bench_parsers --chars 20000
 
 Every family (long runs of spaces after or before an answer tag, tags repeated, digit runs,
-commas, unclosed boxes, ...) is scored by each parser (`extract_answer`, `format_score` in every
-answer style, the numeric, exact and choice verifiers); the script prints the slowest
-milliseconds per family and overall, and the ratio of the time at N characters to the time at
-N/2 (2 for a linear parser, 4 for a quadratic one). The verifier process gives each item 2 s
+commas, unclosed boxes, operator chains, ...) is scored by each parser (`extract_answer`,
+`format_score` in every answer style, the numeric, exact and choice verifiers, the format
+bonus's `working_valid`); the script prints the slowest milliseconds per family and overall, and
+the ratio of the time at N characters to the time at N/2 (2 for a linear parser, 4 for a
+quadratic one). The verifier process gives each item 2 s
 (`rollout.reward_timeout_s`); no parser may come near it.
 """
 
@@ -21,6 +22,7 @@ from rewards import checks
 from rewards.parsing import extract_answer
 from rewards.styles import STYLES
 from rewards.verifiers import format_score, verify
+from rewards.working import working_valid
 
 FAMILIES = {
     "answer tag, spaces, newline": lambda n: "Answer:" + " " * n + "\nx",
@@ -37,6 +39,10 @@ FAMILIES = {
     "number words": lambda n: "seven " * (n // 6),
     "newlines": lambda n: "\n" * n + "Answer: 3",
     "emphasis": lambda n: "**Answer:**" + " " * n + "**",
+    "operator chain, no =": lambda n: "1+" * (n // 2),
+    "operator chain, =": lambda n: "1 + " * (n // 4) + "1 = 2\nAnswer: 2",
+    "minus runs": lambda n: "-1-" * (n // 3) + "=1\nAnswer: 1",
+    "statements": lambda n: "1+1=2 " * (n // 6) + "\nAnswer: 2",
 }
 PARSERS = {
     "extract_answer": extract_answer,
@@ -44,6 +50,7 @@ PARSERS = {
     "verify (numeric)": lambda t: verify(t, "3"),
     "exact": lambda t: checks.exact(t, "x"),
     "choice": lambda t: checks.choice(t, "B"),
+    "working_valid": lambda t: working_valid(t, "What is 1 + 1?"),
 }
 
 
