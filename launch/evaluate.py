@@ -81,7 +81,7 @@ def score_saved(model_path: str, sets: dict[str, list[dict]], max_new_tokens: in
     out = {}
     for name, samples in sets.items():
         res = evaluate(model, tok, samples, max_new_tokens=max_new_tokens, desc=name)
-        out[name] = {k: res[k] for k in keys}
+        out[name] = {k: res[k] for k in keys if k in res}  # by_fact: level-1 sets only
     return out
 
 

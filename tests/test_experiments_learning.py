@@ -42,3 +42,20 @@ def test_a_file_from_before_the_engine_was_recorded_is_the_hf_engines(tmp_path):
     _write(path, flags=(), engine=None)
     assert finished_runs(str(path), "cpu-demo", [], 200, "vllm") == {}
     assert sorted(finished_runs(str(path), "cpu-demo", [], 200, "hf")) == [0]
+
+
+def test_the_report_breaks_level_1_down_by_facts():
+    """Held-out facts (never trained in any phrasing) get their own line per split: base, and
+    the seeds' mean and range."""
+    from tools.experiments.learning import facts_lines
+
+    def cell(seen, unseen):
+        return {"by_fact": {"seen": {"n": 160, "accuracy": seen},
+                            "unseen": {"n": 40, "accuracy": unseen}}}
+
+    base = {"unseen": cell(0.2, 0.1)}
+    runs = [{"scores": {"unseen": cell(0.7, 0.5)}}, {"scores": {"unseen": cell(0.6, 0.3)}}]
+    lines = facts_lines(base, runs)
+    assert lines[1] == ("  unseen templates, unseen facts (n=40): base 10.0%  trained 40.0% "
+                        "(range 30.0%-50.0%)")
+    assert facts_lines({"seen": {}}, runs) == []

@@ -49,7 +49,7 @@ def parse_args(argv=None):
 
 
 def scores(model_path: str, sets: dict, max_new_tokens: int) -> dict:
-    return score_saved(model_path, sets, max_new_tokens, (*METRICS, "n"))
+    return score_saved(model_path, sets, max_new_tokens, (*METRICS, "n", "by_fact"))
 
 
 def finished_runs(path: str, preset: str, flags: list[str], eval_n: int,
@@ -77,7 +77,7 @@ def summarize(base: dict, runs: list[dict]) -> dict:
     return out
 
 
-def report(tag: str, summary: dict, runs: list[dict]) -> str:
+def report(tag: str, summary: dict, runs: list[dict], base: dict | None = None) -> str:
     lines = [f"{tag}: {len(runs)} seed(s), train "
              f"{statistics.mean(r['train_min'] for r in runs):.1f} min mean"]
     for split, metrics in summary.items():
@@ -85,7 +85,22 @@ def report(tag: str, summary: dict, runs: list[dict]) -> str:
             lines.append(f"  {split:<7}{m:<16} base {s['base']:6.1%}  trained {s['mean']:6.1%} "
                          f"(range {s['min']:.1%}-{s['max']:.1%})  change "
                          f"{s['change'] * 100:+5.1f}p")
-    return "\n".join(lines)
+    return "\n".join(lines + facts_lines(base or {}, runs))
+
+
+def facts_lines(base: dict, runs: list[dict]) -> list[str]:
+    """Accuracy by templates (split) x facts (trained in other words, or never), where the
+    splits carry facts (level 1): base and the seeds' mean and range."""
+    out = []
+    for split, b in base.items():
+        for fact, cell in sorted(b.get("by_fact", {}).items()):
+            vals = [r["scores"][split]["by_fact"][fact]["accuracy"] for r in runs
+                    if "by_fact" in r["scores"][split]]
+            if vals:
+                out.append(f"  {split} templates, {fact} facts (n={cell['n']}): base "
+                           f"{cell['accuracy']:.1%}  trained {statistics.mean(vals):.1%} "
+                           f"(range {min(vals):.1%}-{max(vals):.1%})")
+    return out
 
 
 def main(argv=None) -> int:
@@ -123,7 +138,7 @@ def main(argv=None) -> int:
         runs.append({"seed": seed, "train_min": (time.perf_counter() - t0) / 60,
                      "s_per_step": summary["s_per_step_median"],
                      "scores": scores(summary["final"], sets, cfg.rollout.max_new_tokens)})
-        print(report(args.tag, summarize(base, runs), runs), flush=True)
+        print(report(args.tag, summarize(base, runs), runs, base), flush=True)
         # Written after every seed: an interrupted experiment keeps the seeds it finished.
         result = {"tag": args.tag, "preset": args.preset, "flags": args.train_flags,
                   "engine": cfg0.rollout.engine, "base": base, "runs": runs,
