@@ -23,6 +23,9 @@ import torch.nn.functional as F
 
 from common.types import WeightUpdate
 
+HOOK_ROWS = 2048
+"""activation rows a 16-bit body's adapter hook widens to fp32 at a time"""
+
 
 class WeightVersionError(ValueError):
     """A stale or mismatched weight push; the message names both versions."""
@@ -119,11 +122,14 @@ class WeightApplier:
             a, b, scale = self.adapters[name]                       # (r, in), (out, r)
             x = args[0]                                             # (..., in)
             if x.dtype in (torch.float16, torch.bfloat16):
-                # a 16-bit body (a GPU engine): the delta in its dtype. fp32 would copy the
-                # activations (up to 4 x tokens x intermediate bytes in a prefill) for a sum
-                # that is rounded back to 16 bits anyway
-                a, b = a.to(x.dtype), b.to(x.dtype)
-                return output + F.linear(F.linear(x, a), b) * scale  # (..., out)
+                # a 16-bit body (a GPU engine): the same fp32 sums, but x widened HOOK_ROWS
+                # rows at a time and the rest in place: one fp32 tensor of the output's size,
+                # not four (a prefill's are tokens x intermediate x 4 bytes each). A x in 16
+                # bits instead moved the sampled log-probs 10x further from the learner's
+                rows = x.reshape(-1, x.shape[-1])                   # (M, in)
+                h = torch.cat([F.linear(c.float(), a) for c in rows.split(HOOK_ROWS)])
+                delta = F.linear(h, b).mul_(scale)                  # (M, out) fp32
+                return delta.add_(output.reshape(delta.shape)).to(output.dtype).view_as(output)
             delta = F.linear(F.linear(x.to(a.dtype), a), b) * scale
             return (output.to(delta.dtype) + delta).to(output.dtype)
         return hook

@@ -32,7 +32,7 @@ def test_time_to_target_interpolates_from_the_point_before():
 def test_trl_gets_our_reward_with_the_bonus_only_after_working():
     reward = trl_reward(0.5)
     texts = ["3 + 4 = 7\nAnswer: 7", "Answer: 7", "3 + 4 = 8\nAnswer: 8", "so 7"]
-    assert reward(None, texts, ["7"] * 4) == [1.5, 1.0, 0.5, 1.0]
+    assert reward(None, texts, ["7"] * 4) == [1.5, 1.0, 0.0, 1.0]  # false working: no bonus
 
 
 def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():

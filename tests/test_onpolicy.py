@@ -179,7 +179,9 @@ def test_bf16_worker_keeps_the_head_fp32_and_the_adapter_unmerged(hostile_qwen2)
         learner.train_on(random_batch(seed=s)).row()
     payload = learner.export()
     worker = HFRolloutWorker(cfg, name="rollout-0")
-    assert worker.model.get_output_embeddings().weight.dtype == torch.float32
+    head = worker.model.get_output_embeddings()  # fp32 logits, no resident fp32 weight copy
+    assert head.weight.dtype == torch.bfloat16 and head(
+        torch.ones(1, head.in_features, dtype=torch.bfloat16)).dtype == torch.float32
     assert worker.model.model.embed_tokens.weight.dtype == torch.bfloat16
     worker.set_weights(payload, learner.version)
     batch = worker.generate(RolloutCall(PROMPTS, G, Sampling(seed=1)))
