@@ -20,7 +20,6 @@ import re
 from fractions import Fraction
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?"
-_OPS = "+-*/x\u00d7\u00f7\u2212"
 # one token: a number, an operator ("x" only standing alone), "=", a word, any other character;
 # a line is scanned once, token by token, so no input makes the scan worse than linear
 _TOKENS = re.compile(rf"(?P<num>{_NUM})|(?P<op>[-+*/\u00d7\u00f7\u2212]|x(?![A-Za-z]))|(?P<eq>=)"

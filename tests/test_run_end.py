@@ -14,6 +14,19 @@ from launch.presets import get_preset
 
 
 # ---- 8. the end of a run is a resumable checkpoint (real Ray actors) ---------------------------
+def resume_to_the_end(cfg, run_dir: str) -> int:
+    """Resume the run in `run_dir` and finish it; the step it resumed at."""
+    from launch.train import Trainer
+
+    resumed = Trainer(cfg, run_dir, resume=True)
+    try:
+        start = resumed.start
+        resumed.run()
+    finally:
+        resumed.shutdown()
+    return start
+
+
 def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path):
     cfg = get_preset("tiny")
     cfg.run.steps, cfg.run.checkpoint_every = 3, 0
@@ -51,12 +64,7 @@ def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_clust
                               "No space left on device (injected)); the last good checkpoint "
                               f"is {tmp_path / 'ckpt-000002'}")
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
-    resumed = Trainer(cfg, str(tmp_path), resume=True)
-    try:
-        assert resumed.start == 2
-        resumed.run()
-    finally:
-        resumed.shutdown()
+    assert resume_to_the_end(cfg, str(tmp_path)) == 2
     assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2,
                                                                                        3]
     assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
@@ -83,11 +91,6 @@ def test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row(ray_cluster
     finally:
         trainer.shutdown()
     assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0]
-    resumed = Trainer(cfg, str(tmp_path), resume=True)
-    try:
-        assert resumed.start == 2
-        resumed.run()
-    finally:
-        resumed.shutdown()
+    assert resume_to_the_end(cfg, str(tmp_path)) == 2
     rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["time/step_s"] > 0

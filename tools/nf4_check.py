@@ -21,11 +21,8 @@ import tempfile
 import torch
 
 from common.quant import dequantize_state, load_nf4_model, nf4_state
-from common.shapes import KNOWN, Shapes, build_random_model
-
-TINY = Shapes(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, head_dim=32,
-              vocab=300, tied=True)
-"""the --cpu check's shape"""
+from common.shapes import KNOWN, build_random_model
+from tools.gpu_smoke import TINY  # the --cpu check's shape, as the smoke's
 
 
 def compare(path: str, device: str) -> dict:

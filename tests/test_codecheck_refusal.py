@@ -1,0 +1,86 @@
+"""The python-tests verifier where the OS cannot isolate code: check and start-up refuse in
+one line, items score 0 with `no_sandbox`, and only the explicit unsafe switch runs code (the
+OS boundary is simulated; everything above it is the real code). Isolated runs and hostile
+code: tests/test_codecheck.py."""
+
+import logging
+import sys
+
+import pytest
+
+from rewards import codecheck
+from rewards.codecheck import check_isolation, python_tests
+
+try:  # tests/ as a package, or as a plain directory on sys.path
+    from tests.test_codecheck import SOLUTION, TESTS
+except ImportError:
+    from test_codecheck import SOLUTION, TESTS
+
+
+# --- where the OS cannot isolate ---------------------------------------------------------
+
+FAKE_LAUNCHER = [sys.executable, "-c", (
+    "import json, os, sys\ncfg = json.loads(sys.argv[-1])\n"
+    "os.write(cfg['report_fd'], b'setup-error unshare(net, mount, pid, ipc, uts namespaces): "
+    "Operation not permitted\\n')\nsys.exit(125)\n")]
+
+
+@pytest.fixture
+def no_namespaces():
+    """The launcher behaves as on a kernel that refuses namespaces (the OS boundary is
+    simulated; everything above it is the real code)."""
+    codecheck.configure(unsandboxed=False, launcher=FAKE_LAUNCHER)
+    yield
+    codecheck.configure()
+
+
+def test_without_isolation_check_and_start_up_refuse_in_one_line_simulated_os_boundary(
+        no_namespaces, caplog):
+    reason = check_isolation()
+    assert reason is not None and "\n" not in reason
+    assert "Operation not permitted" in reason and "unsandboxed_code" in reason
+    with pytest.raises(codecheck.IsolationError, match="cannot isolate"):
+        codecheck.require_isolation(unsandboxed=False)
+    with caplog.at_level(logging.WARNING, logger="rewards.codecheck"):
+        codecheck.require_isolation(unsandboxed=True)  # allowed: a warning, no error
+    assert "WITHOUT isolation" in caplog.text
+
+
+def test_without_isolation_items_score_0_no_sandbox_simulated_os_boundary(no_namespaces, caplog):
+    reply = f"```python\n{SOLUTION}```"
+    with caplog.at_level(logging.ERROR, logger="rewards.codecheck"):
+        results = [python_tests(reply, TESTS) for _ in range(2)]
+    assert [(r.score, r.error) for r in results] == [(0.0, "no_sandbox")] * 2
+    assert caplog.text.count("refusing to run") == 1  # said once, not once per item
+
+
+def test_the_unsafe_switch_runs_code_unisolated_with_one_warning_simulated_os_boundary(
+        no_namespaces, caplog):
+    codecheck.configure(unsandboxed=True, launcher=FAKE_LAUNCHER)
+    with caplog.at_level(logging.WARNING, logger="rewards.codecheck"):
+        right = python_tests(f"```python\n{SOLUTION}```", TESTS)
+        wrong = python_tests("```python\ndef add(a, b):\n    return 0\n```", TESTS)
+    assert (right.score, right.error, wrong.score) == (1.0, None, 0.0)
+    assert caplog.text.count("WITHOUT isolation") == 1
+
+
+def test_a_python_tests_run_is_refused_before_any_actor_simulated_os_boundary(
+        no_namespaces, tmp_path):
+    """launch.train builds the curriculum before any actor: a python-tests file task there
+    is one ConfigError line where code cannot be isolated, unless the user turns it off."""
+    from common.config import ConfigError
+    from launch.curriculum import Curriculum
+    from launch.presets import get_preset
+
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(f'{{"question": "write add #{i}", "answer": "assert add(1, 2) == 3"}}\n'
+                            for i in range(8)))
+    cfg = get_preset("tiny")
+    cfg.curriculum.task, cfg.curriculum.data_path = "file", str(data)
+    cfg.curriculum.verifier, cfg.curriculum.heldout_size = "python-tests", 2
+    with pytest.raises(ConfigError) as err:
+        Curriculum(cfg)
+    assert str(err.value).startswith("curriculum.verifier: python-tests: cannot isolate")
+    assert "\n" not in str(err.value) and "unsandboxed_code" in str(err.value)
+    cfg.reward.unsandboxed_code = True
+    assert Curriculum(cfg).tasks[0].train_sample(0)["verifier"] == "python-tests"
