@@ -20,6 +20,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+BREAKDOWNS = ("fact", "op", "carry")
+"""sample keys a score breaks down by (`by_fact`, ...), where the samples carry them: level-1
+facts training asked or never did, the operation, and whether it carries or borrows"""
+
+
+def breakdowns(samples: list[dict], results: list) -> dict:
+    """{f"by_{key}": {value: {n, accuracy}}} for each key of BREAKDOWNS the samples carry."""
+    out = {}
+    for key in BREAKDOWNS:
+        groups: dict[str, list[float]] = {}
+        for s, r in zip(samples, results):
+            if s.get(key):
+                groups.setdefault(s[key], []).append(r.any_rule)
+        if groups:
+            out[f"by_{key}"] = {v: {"n": len(g), "accuracy": sum(g) / len(g)}
+                                for v, g in sorted(groups.items())}
+    return out
+
+
 def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: float,
           sampled: list[list[str]] | None = None) -> dict:
     """Metrics of greedy completions `texts` (and `sampled`: K completions for each of the first
@@ -59,13 +78,7 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
         out.update({"samples": k, "pass_n": m,
                     "pass@1": sum(pass_at_k(k, c, 1) for c in correct) / m,
                     f"pass@{k}": sum(pass_at_k(k, c, k) for c in correct) / m})
-    facts = {s["fact"] for s in samples if s.get("fact")}
-    if facts:  # level-1 arithmetic: facts training asked (in other words) and facts it never did
-        out["by_fact"] = {f: {"n": sum(s.get("fact") == f for s in samples),
-                              "accuracy": sum(r.any_rule for s, r in zip(samples, results)
-                                              if s.get("fact") == f)
-                              / max(1, sum(s.get("fact") == f for s in samples))}
-                          for f in sorted(facts)}
+    out.update(breakdowns(samples, results))
     pick = sorted(random.Random(f"examples-{n}").sample(range(n), min(EXAMPLES, n)))
     out["examples"] = [{"question": samples[i]["question"], "answer": samples[i]["answer"],
                         "completion": texts[i], "correct": results[i].any_rule == 1.0}

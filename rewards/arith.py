@@ -13,9 +13,11 @@ templates, which the training stream never uses). The hash is sha256 of the ques
 not Python's per-process salted ``hash()``.
 
 Level 1 has only 155 facts (a, op, b), so a question held out by its text still asks a fact
-training asks in other words. A fixed fifth of the facts (`is_heldout_fact`, 31 of them) never
+training asks in other words. A fixed fifth of the facts (`is_heldout_fact`, 34 of them) never
 appears in training under any phrasing; each level-1 held-out sample says which kind it asks
-(`"fact": "seen" | "unseen"`), so a split's score breaks down into facts x templates.
+(`"fact": "seen" | "unseen"`), so a split's score breaks down into facts x templates. Held-out
+samples of levels 1-2 also say what they exercise (`kind`: `"op"` add / subtract / multiply and
+`"carry"`: whether the written method carries or borrows), for per-operation scores.
 """
 
 from __future__ import annotations
@@ -80,6 +82,28 @@ def _answer(a: int, op: str, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b}[op]
 
 
+OP_NAMES = {"+": "add", "-": "subtract", "*": "multiply"}
+
+
+def needs_carry(a: int, op: str, b: int) -> bool:
+    """True when the written method carries (or borrows) in some column: a column's digits
+    sum to 10 or more (+), a column's digit is too small after the borrow (-), or a digit of
+    `a` times the whole multiplier (at most 12, taken as one digit) reaches 10 (*)."""
+    if op == "*":
+        return any(int(d) * b >= 10 for d in str(a))  # the first carry needs a digit x b >= 10
+    while a or b:
+        da, db = a % 10, b % 10
+        if da + db >= 10 if op == "+" else da < db:
+            return True  # the first carry (or borrow): columns to its right carried nothing
+        a, b = a // 10, b // 10
+    return False
+
+
+def kind(a: int, op: str, b: int) -> dict:
+    """What a held-out binary problem exercises, for the per-operation breakdown of scores."""
+    return {"op": OP_NAMES[op], "carry": "carry" if needs_carry(a, op, b) else "no carry"}
+
+
 def templates(level: int, split: str) -> tuple:
     """The question templates of `level` for `split` ('seen' trains, 'unseen' never does)."""
     if split not in SPLITS:
@@ -90,16 +114,16 @@ def templates(level: int, split: str) -> tuple:
 
 
 def sample_problem(level: int, split: str, rng: random.Random,
-                   train: bool = False) -> tuple[Problem, str]:
-    """((question, answer), template name) drawn with `rng` from the split's templates;
-    `train`: never a held-out level-1 fact (`is_heldout_fact`)."""
+                   train: bool = False) -> tuple[Problem, str, dict]:
+    """((question, answer), template name, `kind` of a binary problem or {}) drawn with `rng`
+    from the split's templates; `train`: never a held-out level-1 fact (`is_heldout_fact`)."""
     template = rng.choice(templates(level, split))
     if level == 3:
-        return template(rng), template.__name__
+        return template(rng), template.__name__, {}
     a, op, b = _binary_numbers(level, rng)
     while train and level == 1 and is_heldout_fact(a, op, b):
         a, op, b = _binary_numbers(level, rng)
-    return (binary_text(template, a, op, b), _answer(a, op, b)), template.__name__
+    return (binary_text(template, a, op, b), _answer(a, op, b)), template.__name__, kind(a, op, b)
 
 
 class ArithmeticTask:
@@ -115,11 +139,12 @@ class ArithmeticTask:
         self.seed = seed
 
     def _sample(self, sample_id: str, problem: Problem, template: str, split: str,
-                fact: str | None = None) -> dict:
+                info: dict | None = None) -> dict:
+        """`info`: what a held-out problem exercises (op, carry; level 1 also its fact)."""
         question, answer = problem
         out = {"id": sample_id, "question": question, "answer": str(answer),
                "task": self.name, "level": self.level, "template": template, "split": split}
-        return out | ({"fact": fact} if fact else {})
+        return out | (info or {})
 
     def train_sample(self, i: int) -> dict:
         """Training sample number `i` (i >= 0): a seen template, never a held-out question."""
@@ -128,7 +153,7 @@ class ArithmeticTask:
         # A str seed is hashed with sha512 by `random`, so this is stable across runs.
         rng = random.Random(f"{self.seed}-{self.level}-{i}")
         while True:
-            problem, template = sample_problem(self.level, "seen", rng, train=True)
+            problem, template, _ = sample_problem(self.level, "seen", rng, train=True)
             if not is_heldout_question(problem[0]):
                 return self._sample(f"arith-l{self.level}-s{self.seed}-{i}", problem, template,
                                     "train")
@@ -137,15 +162,15 @@ class ArithmeticTask:
         """The first `n` (at most HELDOUT_SIZE) questions of a held-out split, the same for
         every seed; distinct questions only."""
         n = min(max(n, 0), HELDOUT_SIZE)
-        return [self._sample(f"arith-l{self.level}-{split}-{j}", problem, template, split, fact)
-                for j, (problem, template, fact) in enumerate(self._heldout(split)[:n])]
+        return [self._sample(f"arith-l{self.level}-{split}-{j}", problem, template, split, info)
+                for j, (problem, template, info) in enumerate(self._heldout(split)[:n])]
 
-    def _heldout(self, split: str) -> list[tuple[Problem, str, str | None]]:
+    def _heldout(self, split: str) -> list[tuple[Problem, str, dict]]:
         rng = random.Random(f"{_HELDOUT_SEED}-{self.level}-{split}")
         keep = is_heldout_question if split == "seen" else (lambda q: True)
         if self.level == 1:  # small: enumerate every question, shuffle once
             every = [((binary_text(t, a, op, b), _answer(a, op, b)), t.__name__,
-                      "unseen" if is_heldout_fact(a, op, b) else "seen")
+                      kind(a, op, b) | {"fact": "unseen" if is_heldout_fact(a, op, b) else "seen"})
                      for t in templates(1, split) for a, op, b in level1_facts()]
             chosen = [p for p in every if keep(p[0][0])]
             rng.shuffle(chosen)
@@ -154,8 +179,8 @@ class ArithmeticTask:
         for _ in range(_MAX_HELDOUT_ATTEMPTS_PER_ITEM * HELDOUT_SIZE):
             if len(out) >= HELDOUT_SIZE:
                 break
-            problem, template = sample_problem(self.level, split, rng)
+            problem, template, info = sample_problem(self.level, split, rng)
             if keep(problem[0]) and problem[0] not in seen:
                 seen.add(problem[0])
-                out.append((problem, template, None))
+                out.append((problem, template, info))
         return out

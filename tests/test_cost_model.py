@@ -135,3 +135,40 @@ def test_a_non_positive_figure_is_a_one_line_error(capsys):
         main(["--load-s", "-1"])
     assert "--load-s must be > 0 or 0" in capsys.readouterr().err
     assert main(["--load-s", "0", "--nodes", "1"]) == 0  # nothing to load: allowed
+
+
+def _measured(s8_ms, s16_ms, s16_2t_ms, l1_s, l2_s):
+    """tools.bench_cores' four measurements, hand-built in their JSON shape."""
+    def row(batch, step_ms, prefill_s=0.8):
+        return {"batch": batch, "step_ms": step_ms, "decode_tok_s": batch / step_ms * 1e3,
+                "of_bound": 0.4, "bound_tok_s": 50.0, "prefill_s": prefill_s}
+
+    def learner(median_s):
+        return {"seqs": 8, "completion_len": 64,
+                "rows": [{"median_s": median_s, "tokens_per_s": 8 * 64 / median_s,
+                          "export_mb": 10 * 1e6 / 2**20}]}
+
+    return {"decode_1": {"weights_gb": 1.98, "rows": [row(8, s8_ms), row(16, s16_ms)]},
+            "decode_2": {"rows": [row(16, s16_2t_ms)]},
+            "learner_1": learner(l1_s), "learner_2": learner(l2_s)}
+
+
+def test_bench_cores_turns_measurements_into_the_cost_models_figures():
+    """Decode's line through B = 8 and 16, the 2-thread speed-ups, the call's steps (new tokens
+    + prefill in steps) and the learner scaled from the measured completion length."""
+    from launch.presets import get_preset
+    from tools.bench_cores import calibration, per_core_table
+
+    cfg = get_preset("cpu-14core")  # 256 new tokens
+    m = _measured(s8_ms=300.0, s16_ms=400.0, s16_2t_ms=250.0, l1_s=40.0, l2_s=25.0)
+    cal = calibration(m, cfg, completion_len=64)
+    assert cal.decode_b_s == pytest.approx(0.1 / 8)
+    assert cal.decode_a_s == pytest.approx(0.3 - 8 * 0.1 / 8)  # 0.2 s
+    assert cal.rollout_speedup_2 == pytest.approx(1.6)
+    assert cal.call_steps == pytest.approx(256 + 0.8 / 0.4)
+    assert cal.learner_s == pytest.approx(40.0 * 256 / 64) and cal.completions == 8
+    assert cal.learner_speedup_2 == pytest.approx(1.6)
+    assert cal.weights_gb == 1.98 and cal.adapter_mb == pytest.approx(10.0)
+    rows = per_core_table(m)
+    assert rows[4].startswith("| decode | 2 | 16 | 64.0 | 32.0 |")  # 16 rows / 0.25 s, 2 cores
+    assert rows[6] == "| learner | 2 | 8 x 64 | 20.5 | 10.2 | - |"

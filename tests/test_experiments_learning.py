@@ -59,3 +59,51 @@ def test_the_report_breaks_level_1_down_by_facts():
     assert lines[1] == ("  unseen templates, unseen facts (n=40): base 10.0%  trained 40.0% "
                         "(range 30.0%-50.0%)")
     assert facts_lines({"seen": {}}, runs) == []
+
+
+def test_a_file_scored_on_other_sets_trains_again(tmp_path):
+    """Seeds scored without the `--also` sets cannot fill a table that has them."""
+    path = tmp_path / "results.json"
+    _write(path)
+    flags = ["--rollout.engine", "vllm"]
+    assert finished_runs(str(path), "cpu-demo", flags, 200, "vllm",
+                         ("seen", "unseen", "arith-3")) == {}
+    assert sorted(finished_runs(str(path), "cpu-demo", flags, 200, "vllm",
+                                ("seen", "unseen"))) == [0]
+
+
+def test_the_report_breaks_level_2_down_by_operation_and_carry():
+    from tools.experiments.learning import facts_lines
+
+    def cell(add, mul):
+        return {"by_op": {"add": {"n": 75, "accuracy": add},
+                          "multiply": {"n": 54, "accuracy": mul}},
+                "by_carry": {"carry": {"n": 172, "accuracy": mul}}}
+
+    base = {"seen": cell(0.2, 0.05)}
+    runs = [{"scores": {"seen": cell(0.5, 0.1)}}, {"scores": {"seen": cell(0.3, 0.2)}}]
+    lines = facts_lines(base, runs)
+    assert lines == [
+        "  seen add (n=75): base 20.0%  trained 40.0% (range 30.0%-50.0%)",
+        "  seen multiply (n=54): base 5.0%  trained 15.0% (range 10.0%-20.0%)",
+        "  seen carry (n=172): base 5.0%  trained 15.0% (range 10.0%-20.0%)"]
+
+
+def test_the_base_model_is_scored_once_per_set(tmp_path, tiny_llama):
+    """A second arm reuses the base's scores of the same questions, and scores a set that
+    differs (here: fewer questions) anew; the figures are the real model's either way."""
+    from rewards import make_task
+    from tools.experiments.learning import base_scores
+
+    task = make_task("arith", 1)
+    sets = {"seen": task.heldout(3, "seen"), "unseen": task.heldout(3, "unseen")}
+    first = base_scores(str(tmp_path), tiny_llama, sets, 4)
+    assert set(first) == {"seen", "unseen"} and first["seen"]["n"] == 3
+    cache = json.loads((tmp_path / "base.json").read_text())
+    assert len(cache) == 2
+    for k in cache:  # a figure only the cache holds: the second call must read it
+        cache[k]["n"] = 99
+    (tmp_path / "base.json").write_text(json.dumps(cache))
+    assert base_scores(str(tmp_path), tiny_llama, sets, 4)["unseen"]["n"] == 99
+    again = base_scores(str(tmp_path), tiny_llama, {"seen": task.heldout(2, "seen")}, 4)
+    assert again["seen"]["n"] == 2 and len(json.loads((tmp_path / "base.json").read_text())) == 3

@@ -10,10 +10,12 @@ import pytest
 
 from rewards.arith import (
     HELDOUT_SIZE,
+    OP_NAMES,
     SPLITS,
     is_heldout_fact,
     is_heldout_question,
     level1_facts,
+    needs_carry,
     templates,
 )
 from rewards.phrasings import binary_text, words
@@ -99,6 +101,46 @@ def test_held_out_scores_break_down_by_fact():
     assert out["by_fact"] == {"seen": {"n": 3, "accuracy": pytest.approx(2 / 3)},
                               "unseen": {"n": 1, "accuracy": 0.0}}
     assert "by_fact" not in score([{"question": "q", "answer": "5"}], ["Answer: 5"], [3], 0.0)
+
+
+@pytest.mark.parametrize("a, op, b, carries", [
+    (347, "+", 589, True), (123, "+", 456, False), (95, "+", 5, True), (980, "+", 19, False),
+    (500, "-", 123, True), (579, "-", 123, False), (100, "-", 1, True), (9, "-", 9, False),
+    (312, "*", 3, False), (15, "*", 7, True), (101, "*", 12, True), (400, "*", 2, False)])
+def test_carry_follows_the_written_method(a, op, b, carries):
+    assert needs_carry(a, op, b) is carries
+
+
+def test_held_out_binary_problems_say_what_they_exercise():
+    """Levels 1-2 carry the operation and whether it carries; the labels match the question's
+    own numbers; level 3's word problems carry neither."""
+    import re
+
+    held = ArithmeticTask(2).heldout(200)
+    assert {s["op"] for s in held} == {"add", "subtract", "multiply"}
+    assert {s["carry"] for s in held} == {"carry", "no carry"}
+    plain = [s for s in held if s["template"] in ("_t_what", "_t_calc", "_t_equals")]
+    assert len(plain) > 20
+    for s in plain:  # "What is A op B?": the numbers read back
+        a, op, b = re.search(r"(\d+) ([-+*]) (\d+)", s["question"]).groups()
+        assert OP_NAMES[op] == s["op"]
+        assert (s["carry"] == "carry") is needs_carry(int(a), op, int(b))
+    assert {s["op"] for s in ArithmeticTask(1).heldout(200)} == {"add", "subtract"}
+    assert "op" not in ArithmeticTask(3).heldout(5)[0]
+
+
+def test_held_out_scores_break_down_by_operation_and_carry():
+    from launch.scoring import score
+
+    kinds = [("add", "carry"), ("add", "no carry"), ("multiply", "carry"), ("add", "carry")]
+    samples = [{"question": f"q{i}", "answer": "5", "op": op, "carry": c}
+               for i, (op, c) in enumerate(kinds)]
+    out = score(samples, ["Answer: 5", "Answer: 4", "Answer: 5", "Answer: 5"], [3] * 4, 0.0)
+    assert out["by_op"] == {"add": {"n": 3, "accuracy": pytest.approx(2 / 3)},
+                            "multiply": {"n": 1, "accuracy": 1.0}}
+    assert out["by_carry"] == {"carry": {"n": 3, "accuracy": 1.0},
+                               "no carry": {"n": 1, "accuracy": 0.0}}
+    assert "by_fact" not in out
 
 
 def test_the_demo_and_evaluate_print_facts_by_templates():

@@ -4,15 +4,19 @@
     python -m tools.bench_learner --steps 3 --modes lora --rhos 0.2,1.0
     python -m tools.bench_learner --modes lora --rhos 0.2 --micro-batch 4   # one setting: its
                                                                            # memory peak too
+    python -m tools.bench_learner --preset cpu-14core --model runs/models/qwen2-0.5b-shape \
+        --modes lora --rhos 0.2 --seqs 8 --completion-len 64 --micro-batch 8 --json l.json
 
-A fixed synthetic batch (16 sequences: real chat-formatted arithmetic prompts + 32 sampled-like
-completion tokens, all advantages non-zero so every sequence is trained) so the settings do the
-same work; prints the median fwd+bwd+optimizer time per step and the exported update size.
+A fixed synthetic batch (--seqs sequences, default 16: real chat-formatted arithmetic prompts +
+--completion-len sampled-like completion tokens, default 32, all advantages non-zero so every
+sequence is trained) so the settings do the same work; prints the median fwd+bwd+optimizer time
+per step, the completion tokens trained per second, and the exported update size.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -41,13 +45,16 @@ def make_batch(cfg, n: int = 16, completion_len: int = 32, seed: int = 0) -> Tra
                       [rng.uniform(0, 4, completion_len).astype(np.float32) for _ in comps], adv)
 
 
-def bench(mode: str, rho: float, steps: int, threads: int, micro_batch: int = 16) -> dict:
-    cfg = get_preset("cpu-demo")
+def bench(mode: str, rho: float, steps: int, threads: int, micro_batch: int = 16,
+          preset: str = "cpu-demo", model: str = "", seqs: int = 16,
+          completion_len: int = 32) -> dict:
+    cfg = get_preset(preset)
+    cfg.model.name = model or cfg.model.name
     cfg.lora.mode, cfg.grpo.entropy_rho = mode, rho
     cfg.rollout.learner_threads = threads
     cfg.grpo.micro_batch = micro_batch
     learner = Learner(cfg)
-    batch = make_batch(cfg)
+    batch = make_batch(cfg, seqs, completion_len)
     with torch.no_grad():  # page the file-mapped weights in, so the peak below is the step's
         for p in learner.model.parameters():
             p.sum()
@@ -62,6 +69,7 @@ def bench(mode: str, rho: float, steps: int, threads: int, micro_batch: int = 16
     payload = learner.export()
     export_s = time.perf_counter() - t0
     return {"mode": mode, "rho": rho, "median_s": statistics.median(times),
+            "tokens_per_s": seqs * completion_len / statistics.median(times),
             "step_peak_gb": footprint(children=False).peak_gb - resident,
             "steps": [round(t, 2) for t in times], "export_mb": payload.nbytes / 2**20,
             "export_s": export_s}
@@ -74,17 +82,30 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per setting")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     p.add_argument("--micro-batch", type=int, default=16, help="grpo.micro_batch")
+    p.add_argument("--preset", default="cpu-demo", help="the settings' preset")
+    p.add_argument("--model", default="", help="model name or path (default: the preset's)")
+    p.add_argument("--seqs", type=int, default=16, help="sequences in the batch")
+    p.add_argument("--completion-len", type=int, default=32, help="completion tokens each")
+    p.add_argument("--json", default="", help="also write the rows here")
     args = p.parse_args(argv)
-    rows = [bench(m, float(r), args.steps, args.threads, args.micro_batch)
+    if min(args.seqs, args.completion_len, args.micro_batch, args.steps, args.threads) < 1:
+        p.error("--seqs, --completion-len, --micro-batch, --steps and --threads must be >= 1")
+    rows = [bench(m, float(r), args.steps, args.threads, args.micro_batch, args.preset,
+                  args.model, args.seqs, args.completion_len)
             for m in args.modes.split(",") for r in args.rhos.split(",")]
-    print(f"learner step, cpu-demo model, 16 seqs x (~60 prompt + 32 completion) tokens, "
-          f"micro-batch {args.micro_batch}, {args.threads} threads, fp32 (no AMX here) / bf16 "
-          "autocast where AMX")
+    print(f"learner step, {args.model or args.preset + ' model'}, {args.seqs} seqs x (~60 prompt "
+          f"+ {args.completion_len} completion) tokens, micro-batch {args.micro_batch}, "
+          f"{args.threads} threads, fp32 (no AMX here) / bf16 autocast where AMX")
     if len(rows) == 1:  # the high-water mark is the process's: one setting per process
         print(f"step peak above the resident model: {rows[0]['step_peak_gb']:.2f} GiB")
     for r in rows:
         print(f"{r['mode']:>6} rho={r['rho']:<4} median {r['median_s']:6.2f} s/step  "
-              f"(steps {r['steps']})  export {r['export_mb']:7.1f} MB in {r['export_s']:.2f} s")
+              f"{r['tokens_per_s']:7.1f} completion tokens/s  (steps {r['steps']})  "
+              f"export {r['export_mb']:7.1f} MB in {r['export_s']:.2f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "seqs": args.seqs,
+                       "completion_len": args.completion_len, "rows": rows}, f, indent=2)
     by = {(r["mode"], r["rho"]): r["median_s"] for r in rows}
     for m in args.modes.split(","):
         if (m, 0.2) in by and (m, 1.0) in by:
