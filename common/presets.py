@@ -2,6 +2,7 @@
 
     tiny        random tiny Llama built in memory; a full run in seconds (tests)
     cpu-demo    embedded SmolLM2-135M-Instruct, vLLM rollouts, sized for a 2-core CPU (`make demo`)
+    cpu-demo-l2 cpu-demo's recipe taken on to level 2 (multi-digit arithmetic) after level 1
     cpu-14core  Qwen2-0.5B-Instruct, 6 rollout workers on a 14-core CPU box
     gpu-8gb     DeepSeek-R1-Distill-Qwen-1.5B, NF4 QLoRA r=16, vLLM worker, one 8 GB card
 """
@@ -61,6 +62,20 @@ def _cpu_demo() -> Config:
     )
 
 
+def _cpu_demo_l2() -> Config:
+    cfg = _cpu_demo()
+    cfg.preset = "cpu-demo-l2"
+    # Level 1 first: the base gets no level-2 problem right in 8 samples (pass@8 0%), so level 2
+    # alone pays nothing to learn from; 40 level-1 steps teach the answer line and a sum to
+    # write, and a quarter of the level-2 prompts replay level 1. The best level-2 recipe
+    # measured, short of the +20-point target: 1.0 -> 8.2% (3 seeds, docs/results.md, "Level 2")
+    cfg.curriculum.level = 2  # the held-out sets a run scores
+    cfg.curriculum.stages = "arith:1:40,arith:2:120"
+    cfg.curriculum.replay = 0.25
+    cfg.run.steps = 160  # 10.3-11.4 min on 2 cores
+    return cfg
+
+
 def _cpu_14core() -> Config:
     return Config(
         preset="cpu-14core",
@@ -96,7 +111,8 @@ def _gpu_8gb() -> Config:
     )
 
 
-PRESETS = {"tiny": _tiny, "cpu-demo": _cpu_demo, "cpu-14core": _cpu_14core, "gpu-8gb": _gpu_8gb}
+PRESETS = {"tiny": _tiny, "cpu-demo": _cpu_demo, "cpu-14core": _cpu_14core, "gpu-8gb": _gpu_8gb,
+           "cpu-demo-l2": _cpu_demo_l2}
 
 
 def get_preset(name: str) -> Config:

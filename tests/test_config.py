@@ -1,5 +1,6 @@
 """Config validation, presets and the CLI: every bad value is a one-line error naming the field."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -77,6 +78,21 @@ def test_presets_are_valid_and_round_trip(name):
     cfg = get_preset(name)
     assert cfg.preset == name
     assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_level_2_preset_is_the_documented_recipe():
+    """cpu-demo-l2 is cpu-demo with the flags docs/results.md ("Level 2") ran on 3 seeds, and its
+    stages parse: 40 level-1 steps, then 120 of level 2 with level-1 replay."""
+    from launch.curriculum import parse_stages
+
+    flags = ["--curriculum.level", "2", "--curriculum.stages", "arith:1:40,arith:2:120",
+             "--curriculum.replay", "0.25", "--steps", "160"]
+    ran, _ = parse_config(["--preset", "cpu-demo", *flags])
+    preset = get_preset("cpu-demo-l2")
+    assert dataclasses.replace(ran, preset="cpu-demo-l2") == preset
+    assert [(s.level, s.steps) for s in parse_stages(preset.curriculum.stages, preset)] == [(1, 40),
+                                                                                   (2, 120)]
+    assert get_preset("cpu-demo").curriculum.stages == ""  # the demo's own preset unchanged
 
 
 def test_unknown_key_and_section_rejected():
