@@ -41,12 +41,20 @@ FULL_VOCAB_MAX = 256
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); runs in the engine process."""
 
-    def homerl_load_weights(self, tensors: dict) -> int:
-        """Load state-dict tensors (HF names -> arrays) in place; returns tensors loaded."""
+    def homerl_load_weights(self, tensors) -> int:
+        """Load state-dict tensors in place: a dict (HF names -> arrays), or (name, tensor)
+        pairs made one at a time (an in-process engine only: a generator does not cross a
+        process), each freed once vLLM has copied its layer. Returns the tensors loaded."""
         import torch
 
-        weights = [(k, v if isinstance(v, torch.Tensor) else torch.tensor(np.asarray(v)))
-                   for k, v in tensors.items()]
+        count = 0
+
+        def weights():
+            nonlocal count
+            for k, v in tensors.items() if isinstance(tensors, dict) else tensors:
+                count += 1
+                yield k, v if isinstance(v, torch.Tensor) else torch.tensor(np.asarray(v))
+
         # A merged-LoRA load brings only the adapted layers; vLLM keeps the others' current
         # tensors but warns once per layer (and lists them) on every load: silence that.
         loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}")
@@ -55,11 +63,11 @@ class WeightSyncExtension:
         for lg in loggers:
             lg.setLevel(logging.ERROR)
         try:
-            self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+            self.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
         finally:
             for lg, level in zip(loggers, levels):
                 lg.setLevel(level)
-        return len(weights)
+        return count
 
 
 class VLLMVersionError(RuntimeError):
@@ -216,8 +224,9 @@ class VLLMEngine:
         self.generate([[1, 2, 3, 4]] * rows, params)
 
     # ---- weights -------------------------------------------------------------------------
-    def load_weights(self, tensors: dict) -> None:
-        """Load HF-named tensors (all, or a subset of layers) into the engine in place."""
+    def load_weights(self, tensors) -> None:
+        """Load HF-named tensors (all, or a subset of layers) into the engine in place: a dict,
+        or (name, tensor) pairs made as vLLM asks for them (`WeightSyncExtension`)."""
         self.llm.collective_rpc("homerl_load_weights", args=(tensors,))
 
     def add_adapter(self, name: str, adapter_id: int, path: str):

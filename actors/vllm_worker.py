@@ -9,8 +9,9 @@ holds what the worker decides:
     one is removed);
   - merge: W = W0 + scale * B @ A computed here (W0 read once from the checkpoint's
     safetensors, or the dequantised NF4 base) and loaded in place, for the merged modules and
-    their packed siblings only (q/k/v, gate/up). On CPU vLLM's LoRA kernels decode
-    SmolLM2-135M ~3.5x slower than the base model; a merged model decodes at base speed.
+    their packed siblings only (q/k/v, gate/up), made one at a time (actors/lora_merge.py).
+    On CPU vLLM's LoRA kernels decode SmolLM2-135M ~3.5x slower than the base model; a merged
+    model decodes at base speed.
   Either way the prefix cache is reset on every version change.
 * Full updates are loaded in place (`VLLMEngine.load_weights`).
 
@@ -76,6 +77,7 @@ import numpy as np
 
 from actors.adapter_files import AdapterFiles
 from actors.base import RolloutWorker
+from actors.lora_merge import merged_weights
 from actors.prompts import encode_prompts, verified_batch, worker_memory
 from actors.sampling import model_overrides, read_generation_config
 from actors.vllm_engine import VLLMEngine
@@ -129,7 +131,6 @@ class VLLMRolloutWorker(RolloutWorker):
             lora_merge = env == "merge" if env in ("merge", "adapter") else not cuda_available()
         self.lora_merge = lora_merge
         self.base: dict = {}  # HF name -> W0 of merged modules (merge mode): file pages
-        self.merged: dict = {}  # HF name -> reused output buffer of W0 + s B A (merge mode)
         self.base_override: dict | None = None  # the last full update, W0 for later merges
         self.threads = configure_env(cfg, name)
         self.path = resolve_model(cfg.model.name)
@@ -228,33 +229,16 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def _merge_lora(self, update: WeightUpdate) -> None:
         """Load W0 + scale * B @ A for every adapted module (and its packed siblings)."""
-        import torch
-
-        tensors, scale = update.tensors, float(update.scale)
         names = set()
-        for module in {k.rsplit(".", 1)[0] for k in tensors}:
+        for module in {k.rsplit(".", 1)[0] for k in update.tensors}:
             parent, leaf = module.rsplit(".", 1)
             group = next((g for g in PACKED if leaf in g), (leaf,))
             names.update(f"{parent}.{x}.weight" for x in group)
         self._ensure_base(names)
-        weights = {}
-        for name in sorted(names, key=_natural_key):  # layer by layer: vLLM reloads per layer
-            module = name.removesuffix(".weight")
-            w = self.base[name]
-            if f"{module}.lora_A" in tensors:
-                a = torch.tensor(np.asarray(tensors[f"{module}.lora_A"]), dtype=torch.float32)
-                b = torch.tensor(np.asarray(tensors[f"{module}.lora_B"]), dtype=torch.float32)
-                # W0 + s B A in one pass into a buffer kept across pushes: a fresh 430 MB
-                # output per push cost ~0.5 s of page faults (first touch) on its own.
-                out = self.merged.get(name)
-                if out is None:
-                    out = self.merged[name] = torch.empty(w.shape, dtype=torch.float32)
-                if w.dtype == torch.float32:
-                    w = torch.addmm(w, b, a, alpha=scale, out=out)
-                else:  # a bf16 file's W0: widened exactly, then the update added
-                    w = out.copy_(w).addmm_(b, a, alpha=scale)
-            weights[name] = w
-        self.engine.load_weights(weights)
+        order = sorted(names, key=_natural_key)  # layer by layer: vLLM reloads per layer
+        # made as vLLM takes them: a layer's merged tensors are freed once it is copied
+        self.engine.load_weights(merged_weights(order, self.base, update.tensors,
+                                                float(update.scale)))
 
     def _ensure_base(self, names: set[str]) -> None:
         """The W0 tensors `names`: fp32 from the last full update, else the checkpoint's as

@@ -9,9 +9,10 @@ machine's available memory, in one line naming the largest consumer and what to 
 Figures are PSS (common/memory.py): pages shared between processes (libtorch, a model file two
 processes map) count once in total. Per process (bytes):
 
-* runtime: Python + torch + transformers + peft + Ray imported, no model (RUNTIME, measured on
-  this project's pinned versions); the driver imports no torch (DRIVER_RUNTIME); each
-  worker's verifier process VERIFIER.
+* runtime: Python + torch + transformers + peft + Ray imported, the model built but no weight
+  read: private memory (RUNTIME_PRIVATE, measured on this project's pinned versions) and the
+  libraries' code (SHARED_LIBS) split among the learner and the rollout workers; the driver
+  imports no torch (DRIVER_RUNTIME); each worker's verifier process VERIFIER.
 * base weights W = params x bytes(model.dtype). When the stored file already has that dtype
   the learner and the HF workers map it and share its pages (W / sharers each). An fp32 run
   of a bf16/fp16 file maps the model cache's one fp32 conversion instead
@@ -24,9 +25,10 @@ processes map) count once in total. Per process (bytes):
   plus an fp32 master copy if the body is not fp32); the step's activations of one micro-batch
   (ACT_OVERHEAD x one layer's working set x tokens x layers, calibrated on cpu-demo); one chunk
   of LM-head logits.
-* rollout: the HF worker's KV cache of its sequences in the model dtype and two (seqs x vocab)
-  fp32 logit rows per decode step; vLLM's KV cache space as sized by the worker; a merging vLLM
-  worker's fp32 merge buffers and its share of W0 of the adapted linears (file pages it maps,
+* rollout: the HF worker's KV cache of its sequences in the model dtype, the prefill's values
+  of one layer, and two (seqs x vocab) fp32 logit rows per decode step; vLLM's KV cache space
+  as sized by the worker; a merging vLLM worker's fp32 merged linears of one layer
+  (actors/lora_merge.py) and its share of W0 of the adapted linears (file pages it maps,
   shared with the learner's mapping when the file is stored in the run dtype).
 
 Prompts are planned at PROMPT_TOKENS of the task (the chat template included), not at
@@ -52,17 +54,25 @@ from common.shapes import Shapes, kv_cache_bytes, model_shapes
 from launch.presets import PRESETS, get_preset
 
 GiB = 2**30
-RUNTIME = 0.5 * GiB
-"""PSS of a learner or rollout-worker process before its model (torch + transformers + Ray;
-libtorch's pages are split among these processes only, the driver does not map them)"""
-DRIVER_RUNTIME = 0.1 * GiB
+RUNTIME_PRIVATE = 0.30 * GiB
+"""private memory of a learner or rollout-worker process with its model built but no weight
+read yet (Python, torch, transformers, peft, Ray's core worker, the tokenizer, the modules):
+0.29-0.31 GiB of anonymous memory in each of the 14-core split's seven such processes"""
+SHARED_LIBS = 0.22 * GiB
+"""resident code of the libraries such a process maps (libtorch 0.06-0.08 GiB, the others
+0.15): PSS splits it among the processes that map it, the learner and every rollout worker
+(the driver imports no torch)"""
+DRIVER_RUNTIME = 0.095 * GiB
 """PSS of the driver: Ray's core worker, numpy, the run's bookkeeping (no torch); measured
 0.09-0.10 GiB peak in cpu-demo (vLLM, 41 and 110 steps) and cpu-14core (6 HF workers) runs
 (`tools.memory_table`)"""
-VERIFIER = 0.05 * GiB
-"""PSS of a worker's verifier process (a spawned interpreter with the rewards package)"""
-VLLM_RUNTIME = 0.5 * GiB
-"""extra PSS of vLLM's engine in a worker process, before weights and KV cache"""
+VERIFIER = 0.06 * GiB
+"""PSS of a worker's verifier process (a spawned interpreter with the rewards package): 0.059 GiB
+each in the 14-core split"""
+VLLM_RUNTIME = 0.65 * GiB
+"""extra PSS of vLLM's engine in a worker process, before weights and KV cache: a cpu-demo
+worker held 1.86 GiB of anonymous memory once started, 0.65 beyond its private runtime, its
+weights and its KV space"""
 ACT_OVERHEAD = 3.5
 """learner activation bytes per token and layer, in units of one copy of a layer's working set
 (2 hidden + q + k + v + attention out + 3 intermediate values): 3.4-4.2 measured on cpu-demo
@@ -107,9 +117,21 @@ def _adapted_linear_params(cfg: Config, s: Shapes) -> int:
                           if m in cfg.lora.modules())
 
 
+def runtime(cfg: Config) -> float:
+    """PSS of one learner or rollout-worker process before its model's weights."""
+    return RUNTIME_PRIVATE + SHARED_LIBS / (1 + cfg.rollout.num_workers)
+
+
+def _layer_working(s: Shapes, nbytes: int) -> int:
+    """Bytes of one token's values in one layer: 2 hidden + q + k + v + attention out + 3
+    intermediate (gate, up, their product)."""
+    return (2 * s.hidden + 2 * s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
+            + 3 * s.intermediate) * nbytes
+
+
 def learner_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, float]]:
     ro, g, nbytes = cfg.rollout, cfg.grpo, DTYPE_BYTES[run_dtype(cfg)]
-    rows = [("runtime", RUNTIME), ("base weights", weights_each)]
+    rows = [("runtime", runtime(cfg)), ("base weights", weights_each)]
     if cfg.lora.mode == "full":
         master = 0 if nbytes == 4 else s.params * 4
         rows.append(("full FT: params + grads + AdamW, fp32", s.params * 12.0 + master))
@@ -117,9 +139,7 @@ def learner_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str,
         rows.append((f"LoRA r={cfg.lora.r}: params + grads + AdamW, fp32",
                      _lora_params(cfg, s) * 16.0))
     tokens = g.micro_batch * ro.max_new_tokens + _prompt_tokens(cfg)  # prompt run once
-    working = (2 * s.hidden + 2 * s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
-               + 3 * s.intermediate) * nbytes                        # one token, one layer
-    per_layer = ACT_OVERHEAD * working
+    per_layer = ACT_OVERHEAD * _layer_working(s, nbytes)
     if cfg.model.gradient_checkpointing:
         acts = tokens * (s.layers * s.hidden * nbytes + per_layer)
     else:
@@ -134,7 +154,7 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
     ro, nbytes = cfg.rollout, DTYPE_BYTES[run_dtype(cfg)]
     seqs = -(-ro.prompts_per_step * ro.group_size // ro.num_workers) * ro.steps_per_call
     tokens = _prompt_tokens(cfg) + ro.max_new_tokens
-    rows = [("runtime", RUNTIME), ("verifier process", VERIFIER)]
+    rows = [("runtime", runtime(cfg)), ("verifier process", VERIFIER)]
     if ro.engine == "vllm":
         kv = max(KV_MIN_BYTES, KV_HEADROOM * kv_cache_bytes(
             s, seqs, ro.max_prompt_tokens + ro.max_new_tokens, nbytes))  # as the worker sizes it
@@ -143,7 +163,8 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
                  ("vLLM KV cache space", float(kv))]
         if cfg.lora.mode != "full":
             adapted = _adapted_linear_params(cfg, s)
-            rows += [("merge buffers of the adapted linears, fp32", adapted * 4.0),
+            # made one at a time and freed once vLLM has copied their layer
+            rows += [("merged adapted linears of one layer, fp32", adapted * 4.0 / s.layers),
                      ("W0 of the adapted linears (file pages)", _vllm_w0_each(cfg, s))]
         return rows
     if shares_conversion(cfg, s):
@@ -160,9 +181,17 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
 
 
 def _decode_rows(cfg: Config, s: Shapes, seqs: int, tokens: int, nbytes: int) -> list:
-    """An HF worker's KV cache and the decode step's logit rows."""
+    """An HF worker's KV cache, the prefill's values of one layer (no autograd: a layer's
+    are freed before the next one's; an unmerged adapter's hook adds its delta and the sum
+    beside a linear's output, the widest being the intermediate) and the decode step's logit
+    rows."""
+    prompt = _prompt_tokens(cfg)
+    per_token = _layer_working(s, nbytes)
+    if cfg.lora.mode != "full" and shares_conversion(cfg, s):  # LoRA kept unmerged
+        per_token += 2 * s.intermediate * nbytes
     return [(f"KV cache ({seqs} seqs x {tokens} tokens)",
              float(kv_cache_bytes(s, seqs, tokens, nbytes))),
+            (f"prefill, one layer ({seqs} x {prompt} tokens)", float(seqs * prompt * per_token)),
             ("decode logits", seqs * s.vocab * 8.0)]
 
 
@@ -187,9 +216,10 @@ def gpu_rows(cfg: Config, s: Shapes) -> list[tuple[str, str, float]]:
     adapter = (_lora_params(cfg, s) if lora else s.params) * 4.0
     weights = s.params * 2.0  # bf16 or fp16 on a card
     rows = [("driver", "runtime (imports)", DRIVER_RUNTIME),
-            ("learner", "runtime", RUNTIME), ("learner", "CUDA runtime, host side", CUDA_HOST),
+            ("learner", "runtime", runtime(cfg)),
+            ("learner", "CUDA runtime, host side", CUDA_HOST),
             ("learner", "exported update (fp32, for the object store)", adapter)]
-    w = [("runtime", RUNTIME), ("verifier process", VERIFIER)]
+    w = [("runtime", runtime(cfg)), ("verifier process", VERIFIER)]
     if ro.engine == "vllm":
         w.append(("vLLM engine runtime", VLLM_RUNTIME))
     w += [("CUDA runtime, host side", CUDA_HOST),

@@ -129,6 +129,11 @@ import sys, numpy as np
 from common.memory import pin_mmap_threshold
 if sys.argv[1] == "pin":
     assert pin_mmap_threshold()
+elif sys.argv[1] == "hf-worker":                 # the HF rollout worker pins it when built
+    from actors.hf_worker import HFRolloutWorker
+    from launch.presets import get_preset
+    cfg = get_preset("tiny"); cfg.model.name = sys.argv[2]
+    HFRolloutWorker(cfg)
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
 big = np.ones(2 << 20); del big             # a 16 MiB block freed: glibc raises its threshold
@@ -151,3 +156,43 @@ def test_pinned_mmap_threshold_returns_freed_blocks_to_the_os():
     pinned, default = kept_kib("pin"), kept_kib("default")
     assert pinned < 70 * 1024  # the live 60 MiB only
     assert default > pinned + 40 * 1024  # the fault this guards against, seen without it
+
+
+def test_the_hf_rollout_worker_pins_the_mmap_threshold(tiny_qwen2):
+    """A decode step frees (rows x vocab) tensors of several MiB: a built HF worker's process
+    returns such freed blocks to the OS (the same pattern as above, with no pin of its own)."""
+    out = subprocess.run([sys.executable, "-c", _FRAGMENT, "hf-worker", tiny_qwen2],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert int(out.split()[-1]) < 70 * 1024
+
+
+def test_memory_table_puts_each_workers_peak_beside_its_plan(tmp_path):
+    """tools.memory_table on a hand-written run: per role and per worker, the largest
+    PSS + (high-water RSS - RSS) over the rows, next to the plan of the run's config."""
+    import json
+
+    from launch import ram_plan
+    from launch.presets import get_preset
+    from tools.memory_table import each_worker, table
+
+    cfg = get_preset("cpu-14core")
+    cfg.rollout.num_workers = 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+
+    def role(prefix, rss, pss, peak):
+        return {f"{prefix}rss_gb": rss, f"{prefix}pss_gb": pss, f"{prefix}peak_gb": peak}
+
+    rows = []
+    for w0_pss, w1_peak in ((0.7, 2.5), (0.75, 2.6)):  # worker 1's peak grows in step 2
+        row = {M.PEAK_PSS_GB: 3.0} | role("memory/driver_", 0.15, 0.09, 0.15)
+        row |= role("memory/learner_", 2.6, 0.9, 2.6) | role("memory/workers_", 4.8, 1.4, 5.0)
+        row |= role(f"{M.WORKER_MEMORY_PREFIX}rollout-0_", 2.4, w0_pss, 2.4)
+        row |= role(f"{M.WORKER_MEMORY_PREFIX}rollout-1_", 2.4, 0.7, w1_peak)
+        rows.append(row)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    assert each_worker(rows) == pytest.approx({"rollout-0": 0.75, "rollout-1": 0.9})
+    plan = ram_plan.per_process(ram_plan.budget(cfg))["rollout-1"] / ram_plan.GiB
+    text = table(str(tmp_path))
+    assert f"rollout-1 {plan:.2f}/0.90 ({plan / 0.9:.2f})" in text
+    assert f"rollout-0 {plan:.2f}/0.75" in text

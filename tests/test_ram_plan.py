@@ -50,6 +50,11 @@ def test_plan_rows_match_hand_computed_bytes():
     assert rows[("rollout-0", "KV cache")] == 4 * 80 * 2 * 2 * 1 * 4 * 4
     assert rows[("rollout-0", "merged LoRA linears")] == TOY.linear_params() * 4
     assert rows[("rollout-0", "decode logits")] == 4 * 32 * 8
+    # the prefill's values of one layer: 4 sequences x the 70-token prompt (merged: no hook)
+    assert rows[("rollout-0", "prefill, one layer")] == 4 * 70 * working
+    # the libraries' code split among the learner and the two workers; the rest private
+    runtime = ram_plan.RUNTIME_PRIVATE + ram_plan.SHARED_LIBS / 3
+    assert rows[("learner", "runtime")] == rows[("rollout-1", "runtime")] == runtime
     procs = ram_plan.per_process(ram_plan.budget(cfg, TOY))
     assert set(procs) == {"driver", "learner", "rollout-0", "rollout-1"}
     assert sum(procs.values()) == pytest.approx(sum(rows.values()))
@@ -75,6 +80,18 @@ def test_a_bf16_file_run_in_fp32_is_one_shared_conversion(monkeypatch):
     lora = 2 * 2 * ((8 + 8) + (8 + 4) + (8 + 4) + (8 + 8) + (8 + 16) * 2 + (16 + 8))
     assert rows[("rollout-0", "LoRA adapters, unmerged, fp32")] == lora * 4
     assert not any(n.endswith("adapted linears") or n.startswith("merged") for _, n in rows)
+    # the unmerged adapter's hook: a delta and a sum beside the widest (intermediate) output
+    working = (2 * 8 + 2 * 8 + 2 * 4 + 3 * 16) * 4
+    assert rows[("rollout-0", "prefill, one layer")] == 4 * 70 * (working + 2 * 16 * 4)
+
+
+def test_more_workers_share_the_libraries_code_among_more_processes():
+    def runtime(workers):
+        return dict(((p, n), v) for p, n, v in ram_plan.budget(_cfg(workers), TOY))[
+            ("learner", "runtime")]
+
+    assert runtime(6) == ram_plan.RUNTIME_PRIVATE + ram_plan.SHARED_LIBS / 7
+    assert runtime(1) - runtime(6) == pytest.approx(ram_plan.SHARED_LIBS * (1 / 2 - 1 / 7))
 
 
 def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():
@@ -96,7 +113,8 @@ def test_a_vllm_worker_holds_its_own_weights_and_engine():
     # W0 of the adapted linears: file pages the worker maps beside the learner, half each
     adapted = TOY.linear_params() * 4
     assert rows[("rollout-0", "W0 of the adapted linears (file pages)")] == adapted / 2
-    assert rows[("rollout-0", "merge buffers of the adapted linears, fp32")] == adapted
+    # merged one tensor at a time as vLLM loads them (actors/lora_merge.py): one layer of two
+    assert rows[("rollout-0", "merged adapted linears of one layer, fp32")] == adapted / 2
     assert rows[("learner", "base weights")] == 1448 * 4 - adapted / 2  # no HF worker maps it
     assert ("rollout-0", "merged LoRA linears") not in rows
     # a bf16 file: the fp32 learner holds a private copy, the worker maps the bf16 pages alone

@@ -37,7 +37,7 @@ def test_fourteen_cores_and_sixteen_gb_give_the_presets_own_split():
 
 def test_less_ram_means_fewer_workers_with_more_threads_each():
     roomy = split(get_preset("cpu-14core"), 32, 32.0)[0].rollout
-    tight = split(get_preset("cpu-14core"), 32, 8.0)[0].rollout
+    tight = split(get_preset("cpu-14core"), 32, 6.0)[0].rollout
     assert tight.num_workers < roomy.num_workers
     assert tight.threads_per_worker > roomy.threads_per_worker
 
