@@ -170,7 +170,7 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
     if shares_conversion(cfg, s):
         return rows + [("base weights (the shared fp32 conversion)", weights_each),
                        ("LoRA adapters, unmerged, fp32", _lora_params(cfg, s) * 4.0),
-                       *_decode_rows(cfg, s, seqs, tokens, nbytes)]
+                       *_decode_rows(cfg, s, seqs, tokens, nbytes, unmerged=True)]
     rows.append(("base weights", weights_each))
     if cfg.lora.mode != "full" and nbytes == 4 and s.dtype in ("bfloat16", "bf16"):
         # converted from a bf16 file: W0 kept as bf16, merged in place (actors/weights.py)
@@ -180,14 +180,15 @@ def worker_rows(cfg: Config, s: Shapes, weights_each: float) -> list[tuple[str, 
     return rows + _decode_rows(cfg, s, seqs, tokens, nbytes)
 
 
-def _decode_rows(cfg: Config, s: Shapes, seqs: int, tokens: int, nbytes: int) -> list:
+def _decode_rows(cfg: Config, s: Shapes, seqs: int, tokens: int, nbytes: int,
+                 unmerged: bool = False) -> list:
     """An HF worker's KV cache, the prefill's values of one layer (no autograd: a layer's
     are freed before the next one's; an unmerged adapter's hook adds its delta and the sum
     beside a linear's output, the widest being the intermediate) and the decode step's logit
     rows."""
     prompt = _prompt_tokens(cfg)
     per_token = _layer_working(s, nbytes)
-    if cfg.lora.mode != "full" and shares_conversion(cfg, s):  # LoRA kept unmerged
+    if unmerged:  # LoRA kept unmerged (on the shared conversion)
         per_token += 2 * s.intermediate * nbytes
     return [(f"KV cache ({seqs} seqs x {tokens} tokens)",
              float(kv_cache_bytes(s, seqs, tokens, nbytes))),
