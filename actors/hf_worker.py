@@ -13,13 +13,13 @@ conversion of a bf16 checkpoint (`merges_lora`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from actors.base import RolloutWorker
 from actors.prompts import encode_prompts, verified_batch, worker_memory
@@ -32,6 +32,7 @@ from actors.sampling import (
 )
 from actors.weights import WeightApplier, check_version
 from common.device import actor_device, torch_dtype
+from common.lm_head import use_fp32_head
 from common.memory import pin_mmap_threshold, release_free_memory
 from common.models import load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
@@ -47,27 +48,24 @@ def worker_dtype(dtype: str, device: str = "cpu") -> torch.dtype:
     return torch_dtype(dtype, device)
 
 
-HEAD_ROWS = 16384
-"""vocabulary rows of the LM head widened to fp32 at a time (fp32_lm_head)"""
+def kv_cache(choice: str, device: str) -> str:
+    """`rollout.kv_cache` resolved: auto is static on a GPU (the call's cache allocated once,
+    at the size the card's plan counts, with no regrowth per token) and dynamic on a CPU."""
+    if choice != "auto":
+        return choice
+    return "static" if device == "cuda" else "dynamic"
 
 
-def fp32_lm_head(model) -> None:
-    """Run the LM head in fp32 on a 16-bit body, as the learner does (learner.model.head_fp32),
-    so the sampled distribution's logits are fp32 like the learner's. Its input and weight are
-    widened (exact) a slice of `HEAD_ROWS` vocabulary rows at a time: no resident fp32 copy of
-    the weight (V x H x 4 bytes, 0.87 GiB for Qwen2-1.5B's, more than an 8 GB card's engine can
-    spare) and the head stays tied where the model ties it. A no-op for an fp32 model."""
-    head = model.get_output_embeddings()
-    if head.weight.dtype == torch.float32:
-        return
-
-    def forward(x):                                                  # (..., H) -> (..., V)
-        w, b, x = head.weight, head.bias, x.float()  # looked up per call: a sleep swaps .data
-        return torch.cat([F.linear(x, w[i:i + HEAD_ROWS].float(),
-                                   None if b is None else b[i:i + HEAD_ROWS].float())
-                          for i in range(0, w.shape[0], HEAD_ROWS)], dim=-1)
-
-    head.forward = forward
+@contextlib.contextmanager
+def eval_mode(model):
+    """`model` in eval mode (no dropout, no gradient checkpointing, a KV cache) for the block,
+    then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def left_padded(prompt_ids: list[list[int]], copies: int, pad: int
@@ -115,25 +113,32 @@ def merges_lora(cfg, path: str, dtype: torch.dtype) -> bool:
 class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
-    def __init__(self, cfg, name: str = "rollout-0", nf4: dict | None = None):
-        """`nf4`: QLoRA's base as the learner's NF4 bytes (see `load_base`)."""
+    def __init__(self, cfg, name: str = "rollout-0", nf4: dict | None = None, policy=None):
+        """`nf4`: QLoRA's base as the learner's NF4 bytes (see `load_base`). `policy`: the
+        learner's own model to generate with (one-copy mode, rollout.engine=learner): nothing
+        is loaded, no weights are ever pushed, and the process and its threads are the
+        learner's (launch/one_copy.py)."""
         # first, as the learner does: each decode step frees (rows x vocab) fp32 tensors of
         # several MiB; with glibc's dynamic threshold they then come from the heap and stay as
         # holes. Generate calls of 16 rows x 64 tokens on the Qwen2-0.5B shape (0.31 GiB of
         # anonymous memory before) peaked at 0.48-1.03 GiB unpinned, 0.45-0.51 pinned.
         pin_mmap_threshold()
         self.cfg, self.name, self.started_at = cfg, name, time.time()
-        threads = cfg.rollout.threads_per_worker
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        torch.set_num_threads(threads)
         path = resolve_model(cfg.model.name)
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
         self.tokenizer = load_tokenizer(path)
-        dtype = worker_dtype(cfg.model.dtype, self.device)
-        self.model = load_base(cfg, path, dtype, nf4).to(self.device)
-        self.model.eval()
-        fp32_lm_head(self.model)
-        self.weights = WeightApplier(self.model, merge=merges_lora(cfg, path, dtype))
+        self.learners_process = policy is not None
+        if policy is None:
+            threads = cfg.rollout.threads_per_worker
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            torch.set_num_threads(threads)
+            dtype = worker_dtype(cfg.model.dtype, self.device)
+            self.model = load_base(cfg, path, dtype, nf4).to(self.device)
+            self.model.eval()
+            self.weights = WeightApplier(self.model, merge=merges_lora(cfg, path, dtype))
+        else:
+            self.model, self.weights = policy, None
+        use_fp32_head(self.model)  # fp32 logits as the learner's (common/lm_head.py)
         self.version = 0
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""
@@ -181,12 +186,19 @@ class HFRolloutWorker(RolloutWorker):
         max_new = sampling.max_new_tokens or r.max_new_tokens
         config = hf_generation_config(max_new, self.eos_ids, pad, greedy=temperature == 0)
         config.return_dict_in_generate = True
+        if kv_cache(r.kv_cache, self.device) == "static":
+            config.cache_implementation = "static"  # the call's whole cache, allocated once
         recorder = BehaviourRecorder(temperature)
-        out = self.model.generate(input_ids=input_ids, attention_mask=attn,
-                                  generation_config=config, logits_processor=[recorder])
+        with eval_mode(self.model):  # the learner's model (one-copy mode) is in train mode
+            out = self.model.generate(input_ids=input_ids, attention_mask=attn,
+                                      generation_config=config, logits_processor=[recorder])
         gen = out.sequences[:, width:]                                               # (N, T)
         logp, entropy = recorder.finish(gen)                                         # (N, T)
-        return gen.cpu(), logp.cpu(), entropy.cpu()
+        gen, logp, entropy = gen.cpu(), logp.cpu(), entropy.cpu()
+        del out, recorder
+        if self.learners_process and self.device == "cuda":
+            torch.cuda.empty_cache()  # the KV cache's blocks are free for the learner's step
+        return gen, logp, entropy
 
     def _trim(self, gen, logp, entropy):
         """Cut each row after its first EOS (kept: the model must learn to stop)."""

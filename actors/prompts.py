@@ -40,9 +40,14 @@ def encode_prompts(tokenizer, prompts: list[dict], limit: int):
 
 
 def worker_memory(worker) -> tuple[Footprint, Footprint]:
-    """(the worker process's footprint with its children, its verifier process's footprint)."""
+    """(the worker process's footprint with its children, its verifier process's footprint).
+    A worker in the learner's process (one-copy mode) reports none of its own: the learner's
+    footprint counts that process once."""
     pid = worker.verifier.pid
-    return footprint(), footprint(pid, children=False) if pid else Footprint()
+    verifier = footprint(pid, children=False) if pid else Footprint()
+    if getattr(worker, "learners_process", False):
+        return Footprint(), verifier
+    return footprint(), verifier
 
 
 def format_gated(reward_cfg, version: int) -> bool:

@@ -68,7 +68,8 @@ class LoraConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """rollout engine: hf (transformers generate on CPU/GPU) or vllm"""
+    """rollout engine: hf (transformers generate in rollout actors), vllm, or learner (the
+    learner's own model generates in its process: one copy of the weights, one actor)"""
     num_workers: int = 1
     """number of rollout actors N"""
     threads_per_worker: int = 1
@@ -103,14 +104,20 @@ class RolloutConfig:
     """actor placement: auto (pack on one node when it fits, else spread), pack or spread"""
     engine_memory_gb: float = 0.0
     """GPU GiB the rollout engine may take when it shares a card (0: what the plan says)"""
+    kv_cache: str = "auto"
+    """KV cache of transformers' generate (hf, learner): static (allocated once at the call's
+    full size), dynamic (grows per token), or auto (static on a GPU, dynamic on a CPU)"""
     share_cores: bool = True
     """on a CPU node, the learner and the vLLM rollout workers lend each other their cores
     while one waits (common/core_lease.py); false: each keeps to its own, and a run repeats
     bit for bit from its seed (with sharing, thread counts follow timing, and so do float sums)"""
 
     def __post_init__(self):
-        _choice("rollout.engine", self.engine, ("hf", "vllm"))
+        _choice("rollout.engine", self.engine, ("hf", "vllm", "learner"))
         _int("rollout.num_workers", self.num_workers, 1, 1024)
+        if self.one_copy and self.num_workers != 1:
+            raise ConfigError(f"rollout.num_workers: must be 1 with rollout.engine=learner (the "
+                              f"learner's own model generates); got {self.num_workers}")
         _int("rollout.threads_per_worker", self.threads_per_worker, 1, 512)
         _int("rollout.learner_threads", self.learner_threads, 1, 512)
         _int("rollout.prompts_per_step", self.prompts_per_step, 1)
@@ -141,6 +148,12 @@ class RolloutConfig:
         _range("rollout.format_weight", self.format_weight, 0.0, 10.0)
         _choice("rollout.placement", self.placement, ("auto", "pack", "spread"))
         _range("rollout.engine_memory_gb", self.engine_memory_gb, 0.0, 4096.0)
+        _choice("rollout.kv_cache", self.kv_cache, ("auto", "static", "dynamic"))
+
+    @property
+    def one_copy(self) -> bool:
+        """The learner's model generates (engine=learner): no rollout actor, no weight push."""
+        return self.engine == "learner"
 
 
 @dataclass

@@ -4,7 +4,10 @@
 `model.device` (auto | cpu | cuda) and the cluster's GPU count into each role's Ray request:
 
 * no GPU wanted or none in the cluster: every role on CPU, no GPU requested;
-* a GPU: the learner and every rollout worker ask Ray for a share of one card
+* a GPU in one-copy mode (`rollout.engine=learner`, the gpu-8gb default): the learner asks for
+  the whole card and its own model generates the rollouts (launch/one_copy.py); one process,
+  one CUDA context, one copy of the weights;
+* a GPU with a rollout engine: the learner and every rollout worker ask Ray for a share of one card
   (`GPU_SHARE` each with one worker, so Ray puts them on the same card) and time-slice it: the
   rollout engine sleeps (vLLM's sleep mode frees its KV cache and moves its weights to host
   memory; the HF engine moves its model to host memory) while the learner steps, and wakes
@@ -62,22 +65,27 @@ class DevicePlan:
     """Ray num_gpus of the learner actor"""
     worker_gpus: float
     """Ray num_gpus of each rollout worker"""
+    one_copy: bool = False
+    """the learner's model generates (rollout.engine=learner): no rollout actor"""
 
     @property
     def shared_card(self) -> bool:
         """Learner and rollout worker time-slice one GPU (sleep / wake around each step)."""
-        return self.device == "cuda"
+        return self.device == "cuda" and not self.one_copy
 
 
-def plan_devices(choice: str, cluster_gpus: float, num_workers: int = 1) -> DevicePlan:
+def plan_devices(choice: str, cluster_gpus: float, num_workers: int = 1,
+                 one_copy: bool = False) -> DevicePlan:
     """Each role's device and GPU request from `model.device` and the cluster's GPUs."""
     if choice not in DEVICES:
         raise DeviceError(f"model.device: must be one of {', '.join(DEVICES)}; got {choice!r}")
     if choice == "cpu" or (choice == "auto" and cluster_gpus < 1):
-        return DevicePlan("cpu", 0.0, 0.0)
+        return DevicePlan("cpu", 0.0, 0.0, one_copy)
     if cluster_gpus < 1:
         raise DeviceError("model.device=cuda: no CUDA GPU on this machine or Ray cluster; use "
                           "--model.device cpu (or a CPU preset such as cpu-demo)")
+    if one_copy:
+        return DevicePlan("cuda", 1.0, 0.0, True)
     if num_workers != 1:
         raise DeviceError(f"model.device=cuda shares one card between the learner and one "
                           f"rollout worker; got rollout.num_workers={num_workers} (set it to 1)")
@@ -127,6 +135,21 @@ def machine_gpus() -> int:
     if visible is None:
         return nodes
     return min(nodes, len([v for v in visible.split(",") if v.strip() not in ("", "-1")]))
+
+
+def wsl() -> bool:
+    """Linux under Windows' WSL2 (its kernel says "microsoft"), where Linux sees only part of
+    the PC's RAM: half of it by default (`memory=` in %UserProfile%\\.wslconfig)."""
+    try:
+        with open("/proc/sys/kernel/osrelease") as f:
+            return "microsoft" in f.read().lower()
+    except OSError:
+        return False
+
+
+WSL_FIX = ("WSL2 gives Linux half of the PC's RAM by default: to give it more, put `memory=NGB` "
+           "under `[wsl2]` in %UserProfile%\\.wslconfig, then run `wsl --shutdown` in Windows")
+"""the one line that says how to give WSL2's Linux more RAM"""
 
 
 def driver_card() -> CudaCard | None:

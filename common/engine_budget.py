@@ -75,11 +75,15 @@ def lora_slot_bytes(s: Shapes, rank: int, modules: list[str], dtype_bytes: int =
 
 
 def asleep_bytes(engine: str) -> float:
-    """What a sleeping engine keeps on the card: its CUDA context, and vLLM's CUDA graphs."""
+    """What a sleeping engine keeps on the card: its CUDA context, and vLLM's CUDA graphs;
+    nothing in one-copy mode (engine `learner`: no engine process)."""
+    if engine == "learner":
+        return 0.0
     return CUDA_CONTEXT + (CUDA_GRAPHS if engine == "vllm" else 0.0)
 
 
 def learner_cap_gb(gpu_gb: float, engine: str) -> float:
-    """The learner's per-process cap on a shared card: the whole budget less the sleeping
-    engine (the learner steps only while the engine sleeps)."""
+    """The learner process's cap, its CUDA context included: the whole budget less what a
+    sleeping engine keeps (the learner steps only while the engine sleeps); the whole budget
+    in one-copy mode."""
     return gpu_gb - asleep_bytes(engine) / GiB

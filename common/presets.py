@@ -4,7 +4,7 @@
     cpu-demo    embedded SmolLM2-135M-Instruct, vLLM rollouts, sized for a 2-core CPU (`make demo`)
     cpu-demo-l2 cpu-demo's recipe taken on to level 2 (multi-digit arithmetic) after level 1
     cpu-14core  Qwen2-0.5B-Instruct, 6 rollout workers on a 14-core CPU box
-    gpu-8gb     DeepSeek-R1-Distill-Qwen-1.5B, NF4 QLoRA r=16, vLLM worker, one 8 GB card
+    gpu-8gb     Qwen2.5-1.5B-Instruct, NF4 QLoRA r=16, one copy of the weights, one 8 GB card
 """
 
 from __future__ import annotations
@@ -98,12 +98,15 @@ def _cpu_14core() -> Config:
 def _gpu_8gb() -> Config:
     return Config(
         preset="gpu-8gb",
-        # dtype auto: bf16 on cards of compute capability >= 8.0, fp16 on older ones
-        model=ModelConfig(name="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", dtype="auto",
+        # an instruct model whose GSM8K answers fit 512 new tokens (DeepSeek-R1-Distill's
+        # thinking traces mostly would not: docs/gpu.md); dtype auto: bf16 on cards of compute
+        # capability >= 8.0, fp16 on older ones
+        model=ModelConfig(name="Qwen/Qwen2.5-1.5B-Instruct", dtype="auto",
                           gradient_checkpointing=True, device="cuda", gpu_memory_gb=8.0),
         lora=LoraConfig(mode="qlora", r=16, alpha=32),
-        # one card, time-sliced: the engine sleeps while the learner steps, so no overlap
-        rollout=RolloutConfig(engine="vllm", prompts_per_step=2, group_size=8,
+        # one copy of the weights: the learner's NF4 model generates (launch/one_copy.py);
+        # rollouts and steps take turns in its process, so no staleness to gain from
+        rollout=RolloutConfig(engine="learner", prompts_per_step=2, group_size=8,
                               max_new_tokens=512, max_prompt_tokens=512, max_staleness=0),
         grpo=GRPOConfig(lr=5e-5, entropy_rho=0.2, micro_batch=4),
         curriculum=CurriculumConfig(task="gsm8k"),

@@ -4,7 +4,7 @@
 them from a model's config.json (local or a cached hub copy) and falls back to the built-in
 `KNOWN` table. `build_random_model(shapes)` builds a randomly initialised Qwen2 of exactly that
 shape in memory, so memory and speed can be measured where no weights can be downloaded
-(tools/gpu_smoke.py).
+(tools/card_check.py).
 """
 
 from __future__ import annotations

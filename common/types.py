@@ -321,7 +321,8 @@ class WeightUpdate:
     """
 
     kind: str
-    """'lora' or 'full'"""
+    """'lora', 'full', or 'live' (one-copy mode: the sampler holds the learner's weights
+    themselves, so the update carries the version and no tensors)"""
     version: int
     tensors: dict[str, np.ndarray]
     scale: float = 1.0

@@ -127,10 +127,11 @@ def make_placement(cfg: Config, devices: DevicePlan | None = None,
     def bundle(cpus, gpus):
         return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
+    workers = 0 if r.one_copy else r.num_workers  # one-copy mode: the learner generates
     bundles = [bundle(r.learner_threads, learner_gpus)] + [
-        bundle(r.threads_per_worker, worker_gpus) for _ in range(r.num_workers)]
+        bundle(r.threads_per_worker, worker_gpus) for _ in range(workers)]
     nodes = _nodes()
-    gpus = learner_gpus + worker_gpus * r.num_workers
+    gpus = learner_gpus + worker_gpus * workers
     strategy = _strategy(r.placement, sum(b["CPU"] for b in bundles), gpus, nodes)
     pg = placement_group(bundles, strategy=strategy)
     if not pg.wait(timeout_seconds=min(timeout_s, WAIT_NOTICE_S) if wait_s > 0 else timeout_s):
@@ -177,11 +178,12 @@ def connect(cfg: Config) -> DevicePlan:
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         else:
             # a cluster is joined only when RAY_ADDRESS names it
-            start_local_cluster(r.learner_threads + r.num_workers * r.threads_per_worker)
+            start_local_cluster(r.learner_threads + (
+                0 if r.one_copy else r.num_workers * r.threads_per_worker))
     devices = plan_devices(cfg.model.device, ray.cluster_resources().get("GPU", 0),
-                           r.num_workers)
-    if devices.shared_card:
-        check_shared_card(cfg)
+                           r.num_workers, r.one_copy)
+    if devices.device == "cuda":
+        check_card(cfg, devices)
     return devices
 
 
@@ -216,11 +218,12 @@ def refuse_missing_gpu(cfg: Config) -> None:
                           "run a CPU preset (cpu-demo) or pass --model.device cpu")
 
 
-def check_shared_card(cfg: Config) -> None:
-    """One card time-sliced by learner and engine: no overlap, and the plan must fit."""
+def check_card(cfg: Config, devices: DevicePlan) -> None:
+    """The card's plan must fit (launch/plan.py); a card time-sliced by the learner and an
+    engine also allows no overlap, and gives the engine its share."""
     from launch.plan import GiB, check, engine_bytes
 
-    if cfg.rollout.max_staleness:
+    if devices.shared_card and cfg.rollout.max_staleness:
         raise ConfigError(f"rollout.max_staleness: must be 0 when the learner and the rollout "
                           f"engine share one GPU (they take turns on it); got "
                           f"{cfg.rollout.max_staleness}")
@@ -232,5 +235,6 @@ def check_shared_card(cfg: Config) -> None:
         log.warning("the driver sees no GPU to size the plan by: pass --gpu-memory-gb N")
         return
     check(cfg, gpu_gb, card.capability if card else None)
-    if not cfg.rollout.engine_memory_gb:  # the engine's share; its KV cache is the plan's
+    # the engine's share; its KV cache is the plan's
+    if devices.shared_card and not cfg.rollout.engine_memory_gb:
         cfg.rollout.engine_memory_gb = round(engine_bytes(cfg) / GiB, 2)

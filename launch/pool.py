@@ -81,16 +81,20 @@ class WorkerPool:
     """N rollout actors of one class, kept alive and at a known weight version."""
 
     def __init__(self, cfg, worker_cls, layout: Layout | None = None, tag: str = "",
-                 nf4: ray.ObjectRef | None = None):
+                 nf4: ray.ObjectRef | None = None, learner=None):
         """`layout`: where each worker goes (launch/placement.py); None: anywhere. `nf4`: the
-        learner's NF4 bytes (QLoRA), handed to every worker, replacements included."""
-        self.cfg, self.tag, self.nf4 = cfg, tag, nf4
-        self.remote_cls = ray.remote(worker_cls)
+        learner's NF4 bytes (QLoRA), handed to every worker, replacements included.
+        `learner`: one-copy mode (launch/one_copy.py): the learner's actor is the one worker,
+        and its death is the learner's (the run restores its checkpoint), never replaced
+        here."""
+        self.cfg, self.tag, self.nf4, self.learner = cfg, tag, nf4, learner
+        self.remote_cls = None if learner is not None else ray.remote(worker_cls)
         self.layout = layout
         self.payloads: dict[int, ray.ObjectRef] = {}  # version -> export ref in the object store
         self.version = 0
         self.restarts = 0
-        self.workers = [self._spawn(i) for i in range(cfg.rollout.num_workers)]
+        self.workers = [learner] if learner is not None else [
+            self._spawn(i) for i in range(cfg.rollout.num_workers)]
         self.versions = [0] * len(self.workers)
         self.push_refs: list[list[tuple[int, ray.ObjectRef]]] = [[] for _ in self.workers]
         ray.get([w.ping.remote() for w in self.workers], timeout=START_TIMEOUT_S)
@@ -193,6 +197,8 @@ class WorkerPool:
                     continue
                 results[share.worker] = result
             except (RayActorError, GetTimeoutError) as e:
+                if self.learner is not None:
+                    raise  # the learner itself: the run restores its last checkpoint
                 log.warning("worker %d failed on step %d (%s); re-running its share",
                             share.worker, pending.step, type(e).__name__)
                 self._recover(share)
@@ -244,6 +250,8 @@ class WorkerPool:
                 ray.get(ping, timeout=0)  # not done within the wait above: hung
                 continue
             except (RayActorError, GetTimeoutError) as e:
+                if self.learner is not None:
+                    raise  # the learner itself: the run restores its last checkpoint
                 log.warning("worker %d is gone at the end of the run (%s); replacing it", i,
                             type(e).__name__)
             self._replace_and_load(i, self.version)
@@ -313,6 +321,9 @@ class WorkerPool:
 
     def replace(self, i: int) -> None:
         """Kill worker i (SIGKILL if it is hung) and start a new one in its bundle."""
+        if self.learner is not None:
+            raise RuntimeError("one-copy mode: the rollout worker is the learner; a lost "
+                               "learner is restored from its checkpoint, not replaced here")
         ray.kill(self.workers[i], no_restart=True)
         self.restarts += 1
         self.workers[i] = self._spawn(i)
@@ -324,7 +335,8 @@ class WorkerPool:
         return [p["version"] for p in ray.get([w.ping.remote() for w in self.workers])]
 
     def shutdown(self) -> None:
-        kill_and_wait(self.workers)
+        if self.learner is None:  # one-copy mode: the driver closes its learner itself
+            kill_and_wait(self.workers)
 
 
 def _reason(e: BaseException | None) -> str:

@@ -50,6 +50,7 @@ import sys
 
 from actors.vllm_setup import KV_HEADROOM, KV_MIN_BYTES
 from common.config import Config, ConfigError
+from common.device import WSL_FIX, wsl
 from common.shapes import Shapes, kv_cache_bytes, model_shapes
 from launch.presets import PRESETS, get_preset
 
@@ -119,7 +120,12 @@ def _adapted_linear_params(cfg: Config, s: Shapes) -> int:
 
 def runtime(cfg: Config) -> float:
     """PSS of one learner or rollout-worker process before its model's weights."""
-    return RUNTIME_PRIVATE + SHARED_LIBS / (1 + cfg.rollout.num_workers)
+    return RUNTIME_PRIVATE + SHARED_LIBS / (1 + _workers(cfg))
+
+
+def _workers(cfg: Config) -> int:
+    """Rollout worker processes: none in one-copy mode (the learner generates)."""
+    return 0 if cfg.rollout.one_copy else cfg.rollout.num_workers
 
 
 def _layer_working(s: Shapes, nbytes: int) -> int:
@@ -218,8 +224,10 @@ def gpu_rows(cfg: Config, s: Shapes) -> list[tuple[str, str, float]]:
     weights = s.params * 2.0  # bf16 or fp16 on a card
     rows = [("driver", "runtime (imports)", DRIVER_RUNTIME),
             ("learner", "runtime", runtime(cfg)),
-            ("learner", "CUDA runtime, host side", CUDA_HOST),
-            ("learner", "exported update (fp32, for the object store)", adapter)]
+            ("learner", "CUDA runtime, host side", CUDA_HOST)]
+    if ro.one_copy:  # no engine process, nothing exported: its verifier is the learner's
+        return rows + [("learner", "verifier process", VERIFIER)]
+    rows.append(("learner", "exported update (fp32, for the object store)", adapter))
     w = [("runtime", runtime(cfg)), ("verifier process", VERIFIER)]
     if ro.engine == "vllm":
         w.append(("vLLM engine runtime", VLLM_RUNTIME))
@@ -250,6 +258,8 @@ def budget(cfg: Config, shapes: Shapes | None = None,
     weights = s.params * float(DTYPE_BYTES[dtype])
     # stored as run, or the shared conversion: file pages
     mapped = DTYPE_BYTES.get(s.dtype, 0) == DTYPE_BYTES[dtype] or shares_conversion(cfg, s)
+    if ro.one_copy:
+        return one_copy_rows(cfg, s, weights)
     sharers = 1 + (ro.num_workers if ro.engine == "hf" else 0)
     each = weights / sharers if mapped and cfg.lora.mode != "qlora" else weights
     learner_each = each
@@ -262,6 +272,23 @@ def budget(cfg: Config, shapes: Shapes | None = None,
     for i in range(ro.num_workers):
         rows += [(f"rollout-{i}", name, v) for name, v in worker_rows(cfg, s, each)]
     return rows
+
+
+def one_copy_rows(cfg: Config, s: Shapes, weights: float) -> list[tuple[str, str, float]]:
+    """One-copy mode on a CPU: the learner's process also generates, with peft's adapters
+    unmerged; generation and the step take turns, so the larger of the two counts."""
+    ro, nbytes = cfg.rollout, DTYPE_BYTES[run_dtype(cfg)]
+    rows = learner_rows(cfg, s, weights)
+    step = sum(v for name, v in rows if name.startswith(("step activations", "LM-head")))
+    seqs = ro.prompts_per_step * ro.group_size * ro.steps_per_call
+    gen = _decode_rows(cfg, s, seqs, _prompt_tokens(cfg) + ro.max_new_tokens, nbytes,
+                       unmerged=cfg.lora.mode != "full")
+    extra = sum(v for _, v in gen) - step
+    what = ", ".join(name.split(" (")[0] for name, _ in gen)
+    return ([("driver", "runtime (imports)", DRIVER_RUNTIME)]
+            + [("learner", name, v) for name, v in rows]
+            + [("learner", "verifier process", VERIFIER),
+               ("learner", f"generation ({what}) beyond the step's working set", max(0.0, extra))])
 
 
 def per_process(rows: list[tuple[str, str, float]]) -> dict[str, float]:
@@ -281,7 +308,7 @@ def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None,
     run = "models on the GPU" if gpu else f"run {run_dtype(cfg)}"
     lines = [f"{cfg.preset}: {cfg.model.name} ({s.params / 1e6:.0f}M params, stored "
              f"{s.dtype}, {run}), engine={cfg.rollout.engine}, "
-             f"{cfg.rollout.num_workers} worker(s), micro_batch={cfg.grpo.micro_batch}", ""]
+             f"{_workers(cfg)} rollout worker(s), micro_batch={cfg.grpo.micro_batch}", ""]
     lines += [f"  {p:<10} {name:<56} {v / GiB:6.2f} GiB" for p, name, v in rows]
     lines += ["  " + "-" * 76]
     lines += [f"  {p:<67} {v / GiB:6.2f} GiB" for p, v in procs.items()]
@@ -307,8 +334,9 @@ def refusal(cfg: Config, ram_gb: float, shapes: Shapes | None = None, gpu: bool 
     hint = next((v for k, v in fix.items() if name.startswith(k)), "a smaller model")
     if proc.endswith("worker(s)") and n > 1:
         hint = "--rollout.num_workers " + str(max(1, n // 2))
+    extra = f"; {WSL_FIX}" if wsl() else ""
     return (f"the plan needs {total:.2f} GiB of RAM and {ram_gb:.2f} GiB is available: largest "
-            f"{proc}: {name} {big / GiB:.2f} GiB; try {hint} (python -m launch.ram_plan)")
+            f"{proc}: {name} {big / GiB:.2f} GiB; try {hint} (python -m launch.ram_plan){extra}")
 
 
 def check(cfg: Config, available_gb: float, gpu: bool = False) -> None:
@@ -338,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="cpu-demo", help=f"one of {', '.join(PRESETS)}")
     ap.add_argument("--ram-gb", type=float, default=psutil.virtual_memory().available / GiB,
                     help="RAM to plan for, GiB (default: available now)")
-    ap.add_argument("--engine", choices=("hf", "vllm"), default=None, help="rollout.engine")
+    ap.add_argument("--engine", choices=("hf", "vllm", "learner"), default=None,
+                    help="rollout.engine")
     ap.add_argument("--num-workers", type=int, default=None, help="rollout.num_workers")
     ap.add_argument("--cores", type=int, default=None,
                     help="size the run for N cores (-1: this machine's; launch/sizing.py); "

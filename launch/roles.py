@@ -1,10 +1,11 @@
 """The Ray actor classes the driver starts, importable without torch, transformers or vLLM.
 
 The real classes (`learner.learner.Learner`, `actors.hf_worker.HFRolloutWorker`,
-`actors.vllm_worker.VLLMRolloutWorker`) import torch and transformers at module level: 0.3 GiB
-of PSS and ~3.5 s in a driver that holds no model. Ray needs only a class object in the driver,
-so each class here builds the real object inside its actor process and forwards the named
-methods the driver calls (`launch.train`'s `learner.train_step.remote(...)` is unchanged).
+`actors.vllm_worker.VLLMRolloutWorker`, `launch.one_copy.OneCopy`) import torch and
+transformers at module level: 0.3 GiB of PSS and ~3.5 s in a driver that holds no model. Ray
+needs only a class object in the driver, so each class here builds the real object inside its
+actor process and forwards the named methods the driver calls (`launch.train`'s
+`learner.train_step.remote(...)` is unchanged).
 `tests/test_roles.py` checks each method list against the real class's public methods.
 """
 
@@ -42,3 +43,5 @@ Learner = _role("Learner", "learner.learner", LEARNER_METHODS)
 HFRolloutWorker = _role("HFRolloutWorker", "actors.hf_worker", WORKER_METHODS)
 VLLMRolloutWorker = _role("VLLMRolloutWorker", "actors.vllm_worker",
                           WORKER_METHODS + ("shutdown",))
+OneCopy = _role("OneCopy", "launch.one_copy", tuple(sorted({*LEARNER_METHODS, *WORKER_METHODS})))
+"""the learner whose own model also generates (rollout.engine=learner)"""

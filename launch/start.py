@@ -1,5 +1,5 @@
 """Starting a run's actors: the learner, then (on a shared card, once it holds its model) the
-rollout workers.
+rollout workers; in one-copy mode (rollout.engine=learner) the learner alone.
 
 vLLM sizes itself from the card's free memory as it starts and asserts that free memory did not
 grow while it profiled (common/engine_budget.py). A learner loading its model in those seconds
@@ -21,7 +21,7 @@ from common.config import Config, ConfigError
 from common.device import DevicePlan
 from launch.placement import Layout
 from launch.pool import START_TIMEOUT_S, WorkerPool
-from launch.roles import HFRolloutWorker, Learner, VLLMRolloutWorker
+from launch.roles import HFRolloutWorker, Learner, OneCopy, VLLMRolloutWorker
 
 log = logging.getLogger("homerl.start")
 
@@ -58,11 +58,14 @@ def rollout_worker_class(cfg: Config):
 
 def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runtime_env=None):
     """(learner actor, WorkerPool). On a shared card the workers start after the learner
-    answers `ready()`, i.e. holds its model (see the module docstring)."""
-    learner = ray.remote(Learner).options(
+    answers `ready()`, i.e. holds its model (see the module docstring). In one-copy mode the
+    learner's actor is the pool's one worker (launch/one_copy.py)."""
+    learner = ray.remote(OneCopy if cfg.rollout.one_copy else Learner).options(
         num_cpus=cfg.rollout.learner_threads, num_gpus=layout.learner_gpus,
         name=f"learner:{tag}", scheduling_strategy=layout.learner_strategy(),
         runtime_env=runtime_env).remote(cfg)
+    if cfg.rollout.one_copy:
+        return learner, WorkerPool(cfg, None, layout, tag=tag, learner=learner)
     worker_cls = rollout_worker_class(cfg)
     if devices.shared_card:
         ready = ray.get(learner.ready.remote(), timeout=START_TIMEOUT_S)

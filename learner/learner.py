@@ -19,7 +19,7 @@ import torch
 from common import metrics as M
 from common.core_lease import LEARNER, Lease, NoLease, flag_path, lease_key, set_torch_threads
 from common.device import actor_device, cap_process_memory, ray_placement
-from common.engine_budget import learner_cap_gb
+from common.engine_budget import CUDA_CONTEXT, GiB, learner_cap_gb
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.quant import nf4_state
 from common.state_io import (
@@ -65,9 +65,11 @@ class Learner:
         self.device = actor_device()  # the GPU share Ray gave this actor, else the CPU
         self.lease = self._lease()
         if self.device == "cuda" and cfg.model.gpu_memory_gb:
-            # the card is time-sliced with the rollout engine, which keeps its CUDA context
-            # (and vLLM its CUDA graphs) while it sleeps (common/engine_budget.py)
-            cap_process_memory(learner_cap_gb(cfg.model.gpu_memory_gb, cfg.rollout.engine))
+            # the whole budget in one-copy mode; on a time-sliced card, less what the sleeping
+            # engine keeps (its CUDA context, vLLM's CUDA graphs: common/engine_budget.py). The
+            # fraction caps torch's allocator, so this process's own context comes off too
+            cap_process_memory(learner_cap_gb(cfg.model.gpu_memory_gb, cfg.rollout.engine)
+                               - CUDA_CONTEXT / GiB)
         self.model, self.trainable = build_policy(cfg.model, cfg.lora, self.device)
         # Autocast only where weights are fp32 masters (full FT); a bf16 LoRA base runs as is.
         self.autocast = pick_dtype(cfg.model.dtype) if cfg.lora.mode == "full" else torch.float32
@@ -154,7 +156,8 @@ class Learner:
         """Core sharing with the CPU rollout workers of this node (common/core_lease.py): this
         learner creates the node's flag file and borrows the cores of idle workers."""
         r = self.cfg.rollout
-        key = lease_key() if r.share_cores and self.device == "cpu" else None
+        # in one-copy mode no rollout worker exists to lend or borrow cores
+        key = lease_key() if r.share_cores and self.device == "cpu" and not r.one_copy else None
         if key is None:
             return NoLease()
         return Lease(flag_path(key), LEARNER, r.learner_threads,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from common.device import torch_dtype
+from common.lm_head import fp32_logits
 from common.models import load_model, resolve_model
 from common.quant import load_nf4_model
 
@@ -117,12 +118,12 @@ def head_fp32(head, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head in fp32 whatever the body's dtype (outside autocast): (K, H) -> (K, V).
 
     bf16 logits carry ~3 significant digits, enough to move a log-prob by 1e-2; the rollout
-    workers compute theirs in fp32 too (actors/hf_worker.fp32_lm_head).
+    engines compute theirs the same way (common/lm_head.py), and a frozen 16-bit head is
+    widened a slice at a time, so no fp32 copy of its weight is made.
     """
     if type(head) is not torch.nn.Linear:  # an adapted or quantised head: its own forward
         return head(hidden.float()).float()
-    bias = None if head.bias is None else head.bias.float()
-    return F.linear(hidden.float(), head.weight.float(), bias)
+    return fp32_logits(hidden, head.weight, head.bias)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):

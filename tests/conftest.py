@@ -13,6 +13,9 @@
 * `tiny_qwen2`: a tiny random Qwen2 checkpoint (tied embeddings, q/k/v biases, 32-dim heads,
   which vLLM's CPU backend accepts).
 * `tiny_vllm_llama`: a tiny random Llama with 32-dim heads, for vLLM.
+* `hostile_qwen2`: a tiny random Qwen2 with peaked next-token distributions whose
+  generation_config.json carries sampling settings that must not leak into rollouts
+  (test_onpolicy.py).
 
 Models are random and built in memory from a config: no test downloads anything.
 """
@@ -122,7 +125,7 @@ SLOW_FIRST = (
     "test_eval_engines.py::",
     "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
     "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
-    "test_bench_gpu.py::test_both_sides_run_the_same_forced_step",
+    "test_card_check.py::test_the_card_check_runs_its_code_on_the_cpu",
     "test_run_end.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
 )
 
@@ -310,3 +313,15 @@ def _follow_to_the_end(proc, cmd, env, timeout_s: float = 600.0):
     ok = f"Job '{job.group()}' succeeded" in status.stdout
     return subprocess.CompletedProcess(proc.args, 0 if ok else 1, logs + status.stdout,
                                        proc.stderr + status.stderr)
+
+
+HOSTILE = {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.3, "do_sample": True}
+"""sampling settings a hub checkpoint may ship, none of which a rollout may apply"""
+
+
+@pytest.fixture(scope="session")
+def hostile_qwen2(tmp_path_factory):
+    from common.tiny_model import save_tiny_qwen2
+
+    return str(save_tiny_qwen2(tmp_path_factory.mktemp("qwen2-hostile"), init_std=0.5,
+                               generation=HOSTILE))

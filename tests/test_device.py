@@ -46,8 +46,9 @@ GIB = 2**30
 S = KNOWN["deepseek-ai/deepseek-r1-distill-qwen-1.5b"]
 
 
-def test_planner_parts_against_hand_computed_sizes():
+def test_time_sliced_planner_parts_against_hand_computed_sizes():
     cfg = get_preset("gpu-8gb")  # G=8 x 2 prompts, 512 + 512 tokens, micro-batch 4, r=16
+    cfg.rollout.engine = "vllm"  # the two-process layout: a learner and a vLLM engine
     parts = {name: v for _, name, v in plan.budget(cfg, S)}
     kv = 16 * 1024 * 2 * 28 * 2 * 128 * 2  # seqs x tokens x (k, v) x layers x kv heads x dim x bf16
     assert parts["KV cache (16 seqs x 1024 tokens)"] == kv
@@ -55,18 +56,19 @@ def test_planner_parts_against_hand_computed_sizes():
     per_layer = 16 * ((1536 + 1536) + 2 * (1536 + 256) + (1536 + 1536)
                       + 2 * (1536 + 8960) + (8960 + 1536))
     assert parts["LoRA r=16: 18.5M params + grads + AdamW (fp32)"] == 28 * per_layer * 16
-    assert parts["LM head in fp32: weight copy (151936 x 1536)"] == 151936 * 1536 * 4
+    assert parts["LM head in fp32, one slice (16384 x 1536)"] == 16384 * 1536 * 4
     assert parts["vllm weights (dequantised NF4 base, bf16)"] == S.params * 2
-    k = round(0.2 * 4 * 512)
-    assert parts[f"LM-head logits at top-rho tokens ({k} x 151936)"] == k * 151936 * 16
-    phase = plan.phases(plan.budget(cfg, S))
-    learner = sum(v for p, _, v in plan.budget(cfg, S) if p == "learner")
-    assert phase["rollout"] == learner + sum(v for p, _, v in plan.budget(cfg, S)
-                                             if p in (plan.KEPT, plan.AWAKE))
+    by = plan.by_process(plan.budget(cfg, S))
+    resident = sum(v for p, _, v in plan.budget(cfg, S) if p == "learner")
+    engine = sum(v for p, _, v in plan.budget(cfg, S) if p in (plan.KEPT, plan.AWAKE))
+    slack = plan.ALLOCATOR_SLACK  # on each process's tensors, not on its CUDA context
+    assert by["rollout"]["learner"] == pytest.approx(resident + slack * (resident - 0.5 * GIB))
+    assert by["rollout"]["engine"] == pytest.approx(engine + slack * (engine - 0.5 * GIB))
 
 
-def test_planner_fits_8_and_refuses_4_naming_the_largest_consumer():
+def test_time_sliced_planner_fits_8_and_refuses_4_naming_the_largest_consumer():
     cfg = get_preset("gpu-8gb")
+    cfg.rollout.engine = "vllm"
     text, fits, peak = plan.report(cfg, 8.0, S)
     assert fits and peak < 8 and "fits" in text
     text, fits, _ = plan.report(cfg, 4.0, S)
@@ -74,16 +76,10 @@ def test_planner_fits_8_and_refuses_4_naming_the_largest_consumer():
     line = plan.refusal(cfg, 4.0, S)
     assert "\n" not in line and "largest engine vllm weights" in line
     cfg.model.gradient_checkpointing = False  # a fixable overrun: the fix is named
-    assert not plan.report(cfg, 8.0, S)[1]
+    _, fits, peak = plan.report(cfg, 8.0, S)
+    assert not fits
     line = plan.refusal(cfg, 8.0, S)
     assert "would fit with --model.gradient_checkpointing true" in line, line
-
-
-def test_plan_cli_fits_and_does_not_fit(capsys):
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8"]) == 0
-    assert "fits" in capsys.readouterr().out
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "4"]) == 1
-    assert "does not fit" in capsys.readouterr().out
 
 
 def test_real_shaped_random_model_has_the_exact_shapes():
@@ -139,56 +135,6 @@ def test_shared_card_refuses_staleness_gpu_mocked_by_a_declared_ray_gpu(
     cfg.model.device, cfg.model.gpu_memory_gb = "cuda", 8.0
     with pytest.raises(ConfigError, match="rollout.max_staleness: must be 0"):
         Trainer(cfg, str(tmp_path))
-
-
-def test_gpu_smoke_script_runs_its_code_on_cpu_without_ray_or_vllm(tmp_path):
-    """tools/gpu_smoke.py must run on a bare GPU box (PyTorch, transformers, peft): its code
-    path, checked here on the CPU with a tiny shape (the GPU memory figures are the boundary)."""
-    out = tmp_path / "smoke.json"
-    code = ("import sys; from tools.gpu_smoke import main; "
-            f"rc = main(['--cpu', '--group', '4', '--prompt-tokens', '16', '--new-tokens', '8', "
-            f"'--json', {str(out)!r}]); "
-            "assert 'ray' not in sys.modules and 'vllm' not in sys.modules, 'imported'; "
-            "sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
-    res = json.loads(out.read_text())
-    assert res["rollout_tokens"] == 2 * 4 * 8 and res["learner_step_s"] > 0
-    assert {"learn_plan_gb", "rollout_plan_gb", "s_per_step", "versions"} <= set(res)
-
-
-def test_gpu_smoke_two_processes_take_turns_on_one_device_simulated_on_cpu(tmp_path):
-    """--two-process: a learner process and an engine process, as the preset runs them. On a
-    CPU the engine's move of its weights off the device is simulated (its tensors emptied, a
-    copy kept aside) and each process's resident memory stands in for the card."""
-    import json
-    import os
-
-    out = tmp_path / "two.json"
-    code = ("import sys; from tools.gpu_smoke import main; "
-            f"rc = main(['--cpu', '--two-process', '--steps', '2', '--group', '4', "
-            f"'--prompt-tokens', '16', '--new-tokens', '8', '--json', {str(out)!r}]); "
-            "assert 'ray' not in sys.modules and 'vllm' not in sys.modules, 'imported'; "
-            "sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(out.read_text())
-    pids = res["pids"]
-    assert len({pids["learner"], pids["engine"], pids["driver"], os.getpid()}) == 4
-    assert res["imported"] == []  # neither child imported Ray or vLLM
-    for w in res["engine_weights_bytes"]:  # off the device while the learner steps, and back
-        assert w["awake"] > 0 and w["asleep"] == 0 and w["woken"] == w["awake"]
-    for phase, procs in res["phases"].items():  # summed from each process's measured peak
-        assert procs["learner"]["peak_gb"] > 0 and procs["engine"]["peak_gb"] > 0
-        assert res["phase_sum_gb"][phase] == pytest.approx(
-            procs["learner"]["peak_gb"] + procs["engine"]["peak_gb"])
-    assert res["under_cap"] == (max(res["phase_sum_gb"].values()) <= res["cap_gb"])
-    assert len(res["step_s"]) == 2 and res["s_per_step"] > 0
-    assert "summed per phase" in proc.stdout and "simulated" in proc.stdout
 
 
 def test_ping_of_a_worker_built_in_the_driver_beside_a_running_cluster(ray_cluster):

@@ -25,6 +25,13 @@ from launch.presets import get_preset
 
 GiB = 2**30
 S = KNOWN["deepseek-ai/deepseek-r1-distill-qwen-1.5b"]
+
+
+def sliced(engine: str = "vllm"):
+    """gpu-8gb in the time-sliced layout: a learner and an engine process take turns."""
+    cfg = get_preset("gpu-8gb")
+    cfg.rollout.engine = engine
+    return cfg
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -43,7 +50,7 @@ def test_cuda_engine_gets_the_plans_kv_budget_batch_limits_and_sleep_mode():
     from vllm.config import CacheConfig, SchedulerConfig
     from vllm.engine.arg_utils import EngineArgs
 
-    cfg = get_preset("gpu-8gb")  # G=8 x 2 prompts, 512 + 512 tokens
+    cfg = sliced()  # G=8 x 2 prompts, 512 + 512 tokens
     cfg.rollout.engine_memory_gb = round(plan.engine_bytes(cfg, S) / GiB, 2)  # as the driver
     kw = _cuda_kwargs(cfg, card_gb=8.0)
     kv_row = next(v for _, name, v in plan.budget(cfg, S) if name.startswith("KV cache"))
@@ -76,11 +83,11 @@ def test_cpu_engine_keeps_its_layout_and_never_mixes_it_with_cuda_limits():
     assert "max_num_seqs" not in kw and "enable_sleep_mode" not in kw
     with pytest.raises(ValueError, match="CPU layout"):
         engine_kwargs("m", dtype="float32", seed=0, eager=True, max_model_len=1024, cpu=True,
-                      cuda=cuda_limits(get_preset("gpu-8gb"), S, 1024, 8.0))
+                      cuda=cuda_limits(sliced(), S, 1024, 8.0))
 
 
 def test_batch_limits_follow_group_prompts_workers_and_steps_per_call():
-    r = get_preset("gpu-8gb").rollout
+    r = sliced().rollout
     b = engine_batch(r)
     assert (b.seqs, b.prompts, b.max_model_len) == (16, 2, 1024)
     assert b.batched_tokens == 2 * 512 + 16  # both prompts prefilled in one step + decodes
@@ -94,7 +101,7 @@ def test_batch_limits_follow_group_prompts_workers_and_steps_per_call():
 
 # ---- the plan: three phases, the sleeping engine, caps that sum to the budget -----------------
 def test_plan_counts_the_sleeping_engines_context_and_graphs_and_caps_sum_to_the_budget():
-    cfg = get_preset("gpu-8gb")
+    cfg = sliced()
     rows = plan.budget(cfg, S)
     pp = plan.by_process(rows)
     assert set(pp) == {"start", "rollout", "learn"}
@@ -106,24 +113,24 @@ def test_plan_counts_the_sleeping_engines_context_and_graphs_and_caps_sum_to_the
         assert cap["learner"] + pp["learn"]["engine"] == pytest.approx(8 * GiB)
         assert pp[ph]["learner"] <= cap["learner"] and pp[ph]["engine"] <= cap["engine"]
     assert cap["engine"] + pp["rollout"]["learner"] == pytest.approx(8 * GiB)
-    hf = get_preset("gpu-8gb")
-    hf.rollout.engine = "hf"  # no CUDA graphs to keep
+    hf = sliced("hf")  # no CUDA graphs to keep
     assert plan.by_process(plan.budget(hf, S))["learn"]["engine"] == asleep_bytes("hf")
 
 
 def test_plan_cli_shows_three_phases_and_the_dtype_and_refuses_6gb_with_a_fix(capsys,
                                                                                monkeypatch):
     monkeypatch.setattr(plan, "model_shapes", lambda name: S)
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8"]) == 0
+    sliced_args = ["--preset", "gpu-8gb", "--engine", "vllm", "--ram-gb", "16"]
+    assert plan.main([*sliced_args, "--gpu-memory-gb", "8"]) == 0
     out = capsys.readouterr().out
     for phase in ("start (learner loaded", "rollout (learner idle", "learn (learner steps"):
         assert phase in out
     assert "dtype bf16 (auto:" in out and "caps: learner 7.25 GiB" in out
     assert "max_num_seqs 16" in out and "fits" in out
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "6"]) == 1
+    assert plan.main([*sliced_args, "--gpu-memory-gb", "6"]) == 1
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "does not fit 6 GiB" in line and "would fit with --model.name" in line, line
-    assert plan.main(["--preset", "gpu-8gb", "--capability", "7.5"]) == 0
+    assert "does not fit 6 GiB" in line and "would fit with --rollout.engine learner" in line
+    assert plan.main(["--preset", "gpu-8gb", "--capability", "7.5", "--ram-gb", "16"]) == 0
     assert "dtype fp16 (auto: compute capability 7.5 < 8.0" in capsys.readouterr().out
 
 
@@ -277,14 +284,19 @@ def test_adapters_go_to_dev_shm_only_with_room_mocked_free_space(files):
 
 # ---- host RAM of the GPU preset -----------------------------------------------------------------
 def test_gpu_preset_host_plan_fits_a_16gb_box():
+    """One-copy: the driver and the learner's process, nothing kept for an engine. The
+    time-sliced layout adds the engine's weights in host memory while it sleeps."""
     cfg = get_preset("gpu-8gb")
     rows = ram_plan.budget(cfg, S, gpu=True)
+    assert set(ram_plan.per_process(rows)) == {"driver", "learner"}
+    text, fits, total = ram_plan.report(cfg, 12.0, S, gpu=True)
+    assert fits and total < 3.0, text
+    rows = ram_plan.budget(sliced(), S, gpu=True)
     names = {name for _, name, _ in rows}
     assert "engine weights in host memory while asleep (pinned)" in names
-    procs = ram_plan.per_process(rows)
-    assert set(procs) == {"driver", "learner", "rollout-0"}
+    assert set(ram_plan.per_process(rows)) == {"driver", "learner", "rollout-0"}
     # a quarter of a 16 GB box left to the system; no fp32 copy of the base is kept
-    text, fits, total = ram_plan.report(cfg, 12.0, S, gpu=True)
+    text, fits, total = ram_plan.report(sliced(), 12.0, S, gpu=True)
     assert fits and total < 9.0, text
     assert max(v for _, _, v in rows) < 4 * GiB
 

@@ -38,8 +38,8 @@ class FakePip:
         return self.answers.pop(0)
 
 
-def run(pip, have=None, argv=(), where=("Linux", "x86_64")) -> int:
-    return it.main(list(argv), run=pip, installed=lambda: have, where=where)
+def run(pip, have=None, argv=(), where=("Linux", "x86_64"), cuda=False) -> int:
+    return it.main(list(argv), run=pip, installed=lambda: have, where=where, cuda=lambda: cuda)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,26 @@ def test_the_wanted_build_already_installed_runs_no_pip(capsys):
     assert run(pip, have="2.13.0+cpu", argv=["--replace"]) == 0
     assert pip.calls == []
     assert capsys.readouterr().out == "install_torch: torch 2.13.0+cpu is already installed\n"
+
+
+def test_a_cuda_torch_is_never_replaced_by_the_cpu_build(capsys):
+    """make demo/test/app/bench go through `--replace`: a GPU user's CUDA torch is kept and
+    make stops with one line saying how to run the CPU targets beside it."""
+    pip = FakePip()
+    assert run(pip, have="2.9.1+cu128", argv=["--replace"], cuda=True) == 1
+    assert pip.calls == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("install_torch: error:")
+    assert "CUDA build" in err and "VENV=" in err
+    assert run(pip, have="2.9.1+cu128", cuda=True) == 0 and pip.calls == []  # make setup keeps it
+    pip = FakePip((0, ""))
+    assert run(pip, have="2.9.1+cpu", argv=["--replace"]) == 0  # another CPU build: replaced
+    assert pip.calls == [PIP + ["torch==2.13.0+cpu"]]
+
+
+def test_cuda_build_reads_torchs_metadata():
+    """This venv's torch is the CPU build: no +cu, no nvidia-* requirement."""
+    assert it.cuda_build() is False
 
 
 def test_found_on_the_users_indexes_is_one_plain_pip_call(capsys):

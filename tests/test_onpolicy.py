@@ -1,9 +1,9 @@
 """The on-policy invariant on real workers: what a worker samples is what the learner scores.
 
-A tiny random Qwen2 ships a hostile generation_config.json (repetition_penalty 1.3, top_k 5,
-temperature 0.3, as hub checkpoints carry such settings). Its weights are scaled up
-(init_std 0.5) so next-token distributions are peaked and a leaked setting visibly changes what
-is sampled. Two checks, per engine:
+A tiny random Qwen2 (conftest's `hostile_qwen2`) ships a hostile generation_config.json
+(repetition_penalty 1.3, top_k 5, temperature 0.3, as hub checkpoints carry such settings).
+Its weights are scaled up (init_std 0.5) so next-token distributions are peaked and a leaked
+setting visibly changes what is sampled. Two checks, per engine:
 
 * logp_diff: the behaviour log-probs the worker records equal the learner's log-probs of the
   same tokens (at staleness 0, same weights) to < 1e-3;
@@ -22,21 +22,13 @@ import pytest
 import torch
 
 from actors.hf_worker import HFRolloutWorker
-from common.tiny_model import save_tiny_qwen2
 from common.types import RolloutCall, Sampling, TrainBatch
 from launch.presets import get_preset
 from learner.learner import Learner
 
-HOSTILE = {"repetition_penalty": 1.3, "top_k": 5, "temperature": 0.3, "do_sample": True}
 PROMPTS = [{"question": q, "answer": "0"} for q in
            ("What is 2+3?", "Compute 7-4.", "Add 11 and 12.", "What is 9 minus 3?")]
 G = 8
-
-
-@pytest.fixture(scope="module")
-def hostile_qwen2(tmp_path_factory):
-    return str(save_tiny_qwen2(tmp_path_factory.mktemp("qwen2-hostile"), init_std=0.5,
-                               generation=HOSTILE))
 
 
 def make_cfg(path, engine="hf", mode="lora"):

@@ -16,7 +16,8 @@ def _public(cls) -> set[str]:
 
 @pytest.mark.parametrize("name, module", [("Learner", "learner.learner"),
                                           ("HFRolloutWorker", "actors.hf_worker"),
-                                          ("VLLMRolloutWorker", "actors.vllm_worker")])
+                                          ("VLLMRolloutWorker", "actors.vllm_worker"),
+                                          ("OneCopy", "launch.one_copy")])
 def test_each_role_forwards_exactly_the_real_classes_public_methods(name, module):
     if name == "VLLMRolloutWorker":
         pytest.importorskip("vllm")

@@ -122,8 +122,12 @@ def run_trl(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     meter = Meter(device)
     tok = load_tokenizer(spec["path"])
-    rows = forced_prompts(tok, spec["prompts"] * (spec["warmup"] + spec["steps"]),
-                          spec["prompt_tokens"], spec["seed"])
+    n = spec["prompts"] * (spec["warmup"] + spec["steps"])
+    if spec.get("prompt_texts"):  # given (tools.card_check): each step the same prompts
+        given = spec["prompt_texts"]
+        rows = [given[i % len(given)] for i in range(n)]
+    else:
+        rows = forced_prompts(tok, n, spec["prompt_tokens"], spec["seed"])
     lengths: list[list[int]] = []  # completion lengths per reward call (one call per step)
     rng = random.Random(spec["seed"])
 

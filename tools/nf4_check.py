@@ -21,8 +21,11 @@ import tempfile
 import torch
 
 from common.quant import dequantize_state, load_nf4_model, nf4_state
-from common.shapes import KNOWN, build_random_model
-from tools.gpu_smoke import TINY  # the --cpu check's shape, as the smoke's
+from common.shapes import KNOWN, Shapes, build_random_model
+
+TINY = Shapes(layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, head_dim=32,
+              vocab=300, tied=True)
+"""the --cpu check's shape"""
 
 
 def compare(path: str, device: str) -> dict:
@@ -46,6 +49,15 @@ def compare(path: str, device: str) -> dict:
             "max_abs_diff_cpu_dequant_vs_device_dequant": worst}
 
 
+def run_compare(model: str = "qwen/qwen2-0.5b-instruct", cpu: bool = False) -> dict:
+    """`compare` on a random model of `model`'s shape (TINY with `cpu`), written to a
+    temporary directory."""
+    shapes = TINY if cpu else KNOWN[model.lower()]
+    with tempfile.TemporaryDirectory(prefix="homerl-nf4-") as path:
+        build_random_model(shapes, torch.bfloat16).save_pretrained(path)
+        return compare(path, "cpu" if cpu else "cuda")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tools.nf4_check", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen/qwen2-0.5b-instruct", help="shape: " +
@@ -57,10 +69,7 @@ def main(argv=None) -> int:
         print("tools.nf4_check: error: no CUDA GPU visible (--cpu checks the script itself)",
               file=sys.stderr)
         return 2
-    shapes = TINY if args.cpu else KNOWN[args.model.lower()]
-    with tempfile.TemporaryDirectory(prefix="homerl-nf4-") as path:
-        build_random_model(shapes, torch.bfloat16).save_pretrained(path)
-        res = compare(path, "cpu" if args.cpu else "cuda")
+    res = run_compare(args.model, cpu=args.cpu)
     print(f"{res['device']}: {res['layers_same_bytes_cpu_vs_device']}/{res['layers']} layers "
           f"quantise to the same bytes on the CPU and the device; CPU dequantisation of the "
           f"device's bytes vs the device's own: max |diff| "
