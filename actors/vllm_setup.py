@@ -16,7 +16,9 @@ import numpy as np
 
 from common.core_lease import split_cores
 from common.device import compute_dtype
-from common.models import cache_dir
+from common.engine_budget import CUDA_CONTEXT, GiB, engine_batch, kv_bytes
+from common.model_cache import cache_dir
+from common.shapes import kv_cache_bytes, model_shapes
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """the values vLLM accepts for max_lora_rank"""
@@ -101,7 +103,6 @@ def cpu_kv_cache_bytes(cfg, path: str) -> int | None:
     vLLM's own CPU default is 4 GiB whatever the batch; cpu-demo needs ~0.2 GiB of it."""
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") or cuda_available():
         return None
-    from common.shapes import kv_cache_bytes, model_shapes
 
     r = cfg.rollout
     seqs = -(-r.prompts_per_step * r.group_size // r.num_workers) * r.steps_per_call
@@ -146,8 +147,6 @@ class CudaLimits:
 def cuda_limits(cfg, shapes, max_model_len: int, card_gb: float) -> CudaLimits:
     """The engine's batch limits and KV budget from the plan's figures; `card_gb`: the card's
     real size (the plan's share holds on a bigger card too)."""
-    from common.engine_budget import CUDA_CONTEXT, GiB, engine_batch, kv_bytes
-
     batch = engine_batch(cfg.rollout, max_model_len)
     share = (cfg.rollout.engine_memory_gb * GiB - CUDA_CONTEXT if cfg.rollout.engine_memory_gb
              else DEFAULT_ENGINE_GB * GiB)

@@ -70,7 +70,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +78,8 @@ import numpy as np
 from actors.adapter_files import AdapterFiles
 from actors.base import RolloutWorker
 from actors.lora_merge import merged_weights
-from actors.prompts import encode_prompts, verified_batch, worker_memory
+from actors.prompts import EncodedPrompts, encode_prompts
+from actors.rollout_batch import Origin, Sampled, Scorer, verified_batch, worker_memory
 from actors.sampling import model_overrides, read_generation_config
 from actors.vllm_engine import VLLMEngine
 from actors.vllm_setup import (
@@ -104,16 +105,28 @@ from common.core_lease import (
     set_torch_threads,
 )
 from common.device import card_gb
+from common.mmap_weights import mmap_tensors
 from common.models import load_tokenizer, resolve_model
 from common.quant import dequantized_nf4_weights
 from common.shapes import model_shapes
 from common.types import RolloutBatch, RolloutCall, WeightUpdate
-from rewards import RewardFns, VerifierPool
+from rewards.fnbatch import RewardFns
+from rewards.sandbox.pool import VerifierPool
 
 log = logging.getLogger("homerl.rollout")
 
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """HF modules vLLM fuses into one layer: a merged load must bring the whole group"""
+
+
+@dataclass(frozen=True)
+class EngineRequests:
+    """One call as vLLM gets it: its kept prompts, one engine prompt per request and each
+    request's SamplingParams (n=G samples a request; greedy: G requests of n=1)."""
+
+    encoded: EncodedPrompts
+    inputs: list[list[int]]
+    params: list
 
 
 class VLLMRolloutWorker(RolloutWorker):
@@ -246,8 +259,6 @@ class VLLMRolloutWorker(RolloutWorker):
         the learner's loaded model shares, not a private fp32 copy."""
         import torch
 
-        from common.mmap_weights import mmap_tensors
-
         missing = set(names) - set(self.base)
         if self.base_override is not None:
             for k in [k for k in missing if k in self.base_override]:
@@ -274,7 +285,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.adapter_files.remove_current()
 
     # ---- rollouts ------------------------------------------------------------------------
-    def _encode(self, prompts: list[dict]):
+    def _encode(self, prompts: list[dict]) -> EncodedPrompts:
         return encode_prompts(self.tokenizer, prompts, self.cfg.rollout.max_prompt_tokens)
 
     def generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
@@ -291,26 +302,30 @@ class VLLMRolloutWorker(RolloutWorker):
 
     def _generate_steps(self, calls: list[RolloutCall]) -> list[RolloutBatch]:
         t0 = time.perf_counter()
-        encoded = [self._requests(call) for call in calls]
-        outs = self.engine.generate([x for enc in encoded for x in enc[3]],
-                                    [p for enc in encoded for p in enc[4]], self.adapter)
-        batches, start, memory = [], 0, worker_memory(self)
-        for call, (keep, skipped, prompt_ids, ins, _) in zip(calls, encoded):
-            rows = [c for out in outs[start: start + len(ins)] for c in out]
-            start += len(ins)
-            sampled = ([c.token_ids for c in rows], [c.logprobs for c in rows],
-                       [c.entropy for c in rows], [c.finish_reason for c in rows])
-            batches.append(verified_batch(self, call.prompts, keep, prompt_ids,
-                                          call.group_size, sampled, skipped, t0, memory))
+        requests = [self._requests(call) for call in calls]
+        outs = self.engine.generate([x for req in requests for x in req.inputs],
+                                    [p for req in requests for p in req.params], self.adapter)
+        load_s, self.load_s = self.load_s, 0.0  # the first batch after a load reports it
+        origin = Origin(self.name, t0, load_s, *worker_memory(self.verifier))
+        scorer = Scorer(self.tokenizer, self.verifier, self.reward_fns, self.cfg, self.version)
+        batches, start = [], 0
+        for call, req in zip(calls, requests):
+            rows = [c for out in outs[start: start + len(req.inputs)] for c in out]
+            start += len(req.inputs)
+            sampled = Sampled([c.token_ids for c in rows], [c.logprobs for c in rows],
+                              [c.entropy for c in rows], [c.finish_reason for c in rows])
+            batches.append(verified_batch(call.prompts, req.encoded, call.group_size, sampled,
+                                          scorer, origin))
+            origin = replace(origin, load_s=0.0)  # reported with the first call only
         elapsed = time.perf_counter() - t0
         lent = self.lease.stats()
         share = lent["lent_steps"] / lent["steps"] if lent["steps"] else 0.0
         return [replace(b, gen_time_s=elapsed / len(batches), lent_share=share)
                 for b in batches]
 
-    def _requests(self, call: RolloutCall):
-        """(kept, skipped, prompt ids, engine prompts, SamplingParams) of one call."""
-        keep, skipped, prompt_ids = self._encode(call.prompts)
+    def _requests(self, call: RolloutCall) -> EngineRequests:
+        """A call's kept prompts and its engine requests (prompts and SamplingParams)."""
+        encoded = self._encode(call.prompts)
         r, s, g = self.cfg.rollout, call.sampling, call.group_size
         temperature = r.temperature if s.temperature is None else s.temperature
         max_new = s.max_new_tokens or r.max_new_tokens
@@ -320,11 +335,11 @@ class VLLMRolloutWorker(RolloutWorker):
 
         if temperature == 0.0:
             # greedy: vLLM refuses n > 1, so G requests of n=1 (identical completions)
-            return (keep, skipped, prompt_ids, [x for x in prompt_ids for _ in range(g)],
-                    [params(1, s.seed) for _ in keep for _ in range(g)])
+            return EngineRequests(encoded, [x for x in encoded.ids for _ in range(g)],
+                                  [params(1, s.seed) for _ in encoded.keep for _ in range(g)])
         # n=G: vLLM seeds child j with seed + j, so row r of the call gets seed + r
-        return keep, skipped, prompt_ids, prompt_ids, [params(g, s.seed + i * g)
-                                                       for i in range(len(keep))]
+        return EngineRequests(encoded, encoded.ids, [params(g, s.seed + i * g)
+                                                     for i in range(len(encoded.keep))])
 
     # ---- GPU memory sharing (CUDA only) --------------------------------------------------
     def sleep(self, level: int = 1) -> None:

@@ -247,7 +247,7 @@ class RunConfig:
     worker again (seconds) before it stops with one line and a resumable checkpoint"""
     cores: int = 0
     """CPU cores to size the run for (rollout workers, their threads, learner threads:
-    launch/sizing.py): 0 = the preset's split, -1 = every core this process may use"""
+    launch/plan/sizing.py): 0 = the preset's split, -1 = every core this process may use"""
     ram_gb: float = 0.0
     """RAM to size the run for, GiB: 0 = what is available at start"""
     learner_tcmalloc: bool = True

@@ -5,7 +5,7 @@
 
 * no GPU wanted or none in the cluster: every role on CPU, no GPU requested;
 * a GPU in one-copy mode (`rollout.engine=learner`, the gpu-8gb default): the learner asks for
-  the whole card and its own model generates the rollouts (launch/one_copy.py); one process,
+  the whole card and its own model generates the rollouts (launch/driver/one_copy.py); one process,
   one CUDA context, one copy of the weights;
 * a GPU with a rollout engine: the learner and every rollout worker ask Ray for a share of one card
   (`GPU_SHARE` each with one worker, so Ray puts them on the same card) and time-slice it: the
@@ -34,6 +34,8 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+
+from common.models import cpu_supports_bf16
 
 DEVICES = ("auto", "cpu", "cuda")
 GPU_SHARE = 0.5
@@ -185,7 +187,6 @@ def compute_dtype(choice: str, device: str | None = None) -> str:
         return cuda_dtype(choice, tuple(torch.cuda.get_device_capability(0)))[0]
     if choice != "auto":
         return choice
-    from common.models import cpu_supports_bf16
 
     return "bf16" if cpu_supports_bf16() else "fp32"
 

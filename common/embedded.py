@@ -92,7 +92,7 @@ def convert_gguf(name: str, gguf: Path, out: Path) -> None:
         )
         _make_plain(model, model_info)
         _finish_tokenizer(tokenizer, model_info.eos_token, CHATML_TEMPLATE)
-        from common.tiny_model import finish_generation_config
+        from common.tiny_model import finish_generation_config  # torch: only when converting
 
         finish_generation_config(model, tokenizer)
         model.save_pretrained(out)

@@ -1,6 +1,6 @@
 """The rollout engine on a shared card: its batch limits and what it holds, awake and asleep.
 
-One source for three readers: the planner (`launch/plan.py`) sizes the card with it, the vLLM
+One source for three readers: the planner (`launch/plan/card.py`) sizes the card with it, the vLLM
 worker hands vLLM the same numbers (`max_num_seqs`, `max_num_batched_tokens`,
 `kv_cache_memory_bytes`), and the learner caps itself to the card less what the sleeping engine
 keeps. What vLLM 0.32 does on CUDA, read in its source:
@@ -9,7 +9,7 @@ keeps. What vLLM 0.32 does on CUDA, read in its source:
   snapshot when its worker starts) and again after a profiling run; the difference is counted
   as its own, and it asserts that free memory did not grow in between. A learner loading its
   model meanwhile would be counted as the engine's, so the learner loads first
-  (launch/start.py). With `kv_cache_memory_bytes` the KV cache is that size, whatever the
+  (launch/driver/roles.py). With `kv_cache_memory_bytes` the KV cache is that size, whatever the
   measurement says; vLLM still refuses to start unless the card's free memory covers
   `gpu_memory_utilization` x the card's size, so the worker passes the engine's share.
 * Sleep (level 1) copies the weights to pinned host memory and frees them and the KV cache.

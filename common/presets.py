@@ -80,7 +80,7 @@ def _cpu_14core() -> Config:
     return Config(
         preset="cpu-14core",
         # gradient checkpointing: without it a micro-batch of 16 x 256 tokens holds ~24 GB of
-        # activations (measured 1.5 GiB at 4 x 64 on a random model of this shape; ram_plan)
+        # activations (measured 1.5 GiB at 4 x 64 on a random model of this shape; plan/ram.py)
         model=ModelConfig(name="Qwen/Qwen2-0.5B-Instruct", gradient_checkpointing=True),
         lora=LoraConfig(mode="lora", r=16, alpha=32),
         rollout=RolloutConfig(prompts_per_step=8, group_size=8, max_new_tokens=256,
@@ -90,7 +90,7 @@ def _cpu_14core() -> Config:
         # then plans under 8 GiB on a 16 GB box; the gradient is the same)
         grpo=GRPOConfig(lr=1e-4, entropy_rho=0.2, micro_batch=8),
         curriculum=CurriculumConfig(task="arith", level=2),
-        # sized from the machine it runs on (launch/sizing.py): 14 cores give the split above
+        # sized from the machine it runs on (launch/plan/sizing.py): 14 cores give the split above
         run=RunConfig(steps=200, checkpoint_every=25, cores=-1),
     )
 
@@ -104,7 +104,7 @@ def _gpu_8gb() -> Config:
         model=ModelConfig(name="Qwen/Qwen2.5-1.5B-Instruct", dtype="auto",
                           gradient_checkpointing=True, device="cuda", gpu_memory_gb=8.0),
         lora=LoraConfig(mode="qlora", r=16, alpha=32),
-        # one copy of the weights: the learner's NF4 model generates (launch/one_copy.py);
+        # one copy of the weights: the learner's NF4 model generates (launch/driver/one_copy.py);
         # rollouts and steps take turns in its process, so no staleness to gain from
         rollout=RolloutConfig(engine="learner", prompts_per_step=2, group_size=8,
                               max_new_tokens=512, max_prompt_tokens=512, max_staleness=0),

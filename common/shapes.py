@@ -4,12 +4,14 @@
 them from a model's config.json (local or a cached hub copy) and falls back to the built-in
 `KNOWN` table. `build_random_model(shapes)` builds a randomly initialised Qwen2 of exactly that
 shape in memory, so memory and speed can be measured where no weights can be downloaded
-(tools/card_check.py).
+(tools/card_check/__main__.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from common.models import resolve_model
 
 
 @dataclass
@@ -74,8 +76,6 @@ def _config(name: str):
     import json
     import os
     from types import SimpleNamespace
-
-    from common.models import resolve_model
 
     path = resolve_model(name)
     file = os.path.join(path, "config.json")

@@ -10,7 +10,7 @@ safetensors file, so the page cache's pages are shared, and PSS counts them once
 
 So the conversion is written once into the model cache, as a complete checkpoint folder
 (config with `dtype: float32`, fp32 safetensors, the tokenizer and generation files copied),
-one folder per source checkpoint and dtype. It is built with `common.models._materialize`:
+one folder per source checkpoint and dtype. It is built with `common.model_cache.materialize`:
 under the cache's build lock (concurrent workers wait for one build, not race), in a temp
 folder renamed into place with a complete-marker written last (a killed build is redone).
 The folder's name carries a digest of the source files' paths, sizes and mtimes, so an edited
@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.models import _materialize
+from common.model_cache import materialize
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ def _shards(folder: Path) -> list[Path]:
 
 def stored_dtypes(folder: Path) -> set[str]:
     """The safetensors dtypes (`BF16`, `F32`, `I64`, ...) of the folder's tensors."""
-    from common.mmap_weights import read_header
+    from common.mmap_weights import read_header  # torch: the RAM planner imports this module
 
     kinds = set()
     for shard in _shards(folder):
@@ -94,7 +94,7 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     fp32 and the checkpoint stores bf16/fp16 safetensors; otherwise `path` unchanged."""
     import torch
 
-    from common.mmap_weights import DTYPES
+    from common.mmap_weights import DTYPES  # torch, only when converting (see read_header's)
 
     if dtype != torch.float32 or not sharing_enabled():
         return path
@@ -104,7 +104,7 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     kinds = stored_dtypes(folder)
     if not kinds & CONVERTIBLE or not kinds <= set(DTYPES):  # nothing to convert, or unknown
         return path
-    entry = _materialize(_entry_name(folder, dtype),
+    entry = materialize(_entry_name(folder, dtype),
                          lambda out: convert_checkpoint(folder, out, dtype))
     return str(entry)
 
@@ -131,7 +131,7 @@ def convert_checkpoint(src: Path, out: Path, dtype: torch.dtype) -> None:
 def write_converted(src: Path, dst: Path, dtype: torch.dtype) -> None:
     """A safetensors file with `src`'s tensors, the convertible ones cast to `dtype`, streamed
     tensor by tensor (the header first, then each tensor's bytes at its 8-aligned offset)."""
-    from common.mmap_weights import DTYPES, mmap_tensors, read_header
+    from common.mmap_weights import DTYPES, mmap_tensors, read_header  # torch (see above)
 
     names = {v: k for k, v in DTYPES.items()}
     header, _ = read_header(str(src))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from common.validate import ConfigError, _choice, _int, _range
 
 VERIFIERS = ("numeric", "exact", "choice", "regex", "python-tests")
-"""the built-in verifiers (rewards.registry), by name"""
+"""the built-in verifiers (rewards.verifiers.registry), by name"""
 FN_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """a reward function named as `package.module:function`"""
 

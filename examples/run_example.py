@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from launch import run_io
 from launch.cli import parse_config
 from launch.demo import demo_sets
-from launch.pool_eval import evaluate_on_pool
-from launch.train import Trainer
+from launch.driver.trainer import Trainer
+from launch.evaluate.on_workers import evaluate_on_pool
+from launch.rundir.writer import default_run_dir
 
 KEYS = ("accuracy", "strict_accuracy", "format_rate", "mean_completion_tokens")
 
@@ -56,7 +56,7 @@ def run(flags: list[str], argv: list[str]) -> int:
     """Train with the example's `flags` plus the user's `argv`; the latter win."""
     t0 = time.perf_counter()
     cfg, args = parse_config(flags + argv, prog=os.path.basename(sys.argv[0]), extra=_flags)
-    run_dir = cfg.run.run_dir or run_io.default_run_dir()
+    run_dir = cfg.run.run_dir or default_run_dir()
     sets = demo_sets(cfg)
     trainer = Trainer(cfg, run_dir)
     try:

@@ -17,10 +17,10 @@ import sys
 import typing
 
 from common.config import Config, ConfigError
-from launch.checkpoints import remove_leftovers
-from launch.presets import PRESETS, get_preset
-from launch.resume import resume_config
-from launch.run_dir import (
+from common.presets import PRESETS, get_preset
+from launch.plan.sizing import size_run
+from launch.rundir.checkpoints import remove_leftovers
+from launch.rundir.ownership import (
     RunBusyError,
     RunLock,
     lock_run,
@@ -29,7 +29,8 @@ from launch.run_dir import (
     why_not_new,
     why_not_run,
 )
-from launch.run_io import default_run_dir
+from launch.rundir.resume import resume_config
+from launch.rundir.writer import default_run_dir
 
 ALIASES = {
     "--steps": "run.steps",
@@ -190,11 +191,9 @@ def resolve_run(argv=None) -> tuple[Config, str, bool, dict]:
 
 
 def _sized(cfg: Config, args: argparse.Namespace) -> Config:
-    """`cfg` sized for the machine (launch/sizing.py), saying how in one log line; a split given
-    by hand wins over the preset's sizing, and together with --cores is one error line."""
+    """`cfg` sized for the machine (launch/plan/sizing.py), saying how in one log line; a split
+    given by hand wins over the preset's sizing, and together with --cores is one error line."""
     import logging
-
-    from launch.sizing import size_run
 
     hand = [f"--{f}" for f in SPLIT_FLAGS if getattr(args, f, None) is not None]
     if hand and getattr(args, "run.cores", None) not in (None, "0"):

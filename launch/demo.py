@@ -6,10 +6,10 @@
 
 Both evaluations run on the run's own rollout worker with its engine (vLLM's CPU wheel in
 cpu-demo): the base model before the first step, the trained policy after the last
-(launch/pool_eval.py). The console shows the demo's lines, the progress bars and the table;
-library warnings and the actors' logs go to RUN_DIR/demo.log (launch/console.py).
+(launch/evaluate/on_workers.py). The console shows the demo's lines, the progress bars and the
+table; library warnings and the actors' logs go to RUN_DIR/demo.log (launch/console.py).
 
-The held-out sets never appear in training (rewards/arith.py): `seen` uses the question templates
+The held-out sets never appear in training (tasks/arith.py): `seen` uses the question templates
 training uses (other questions), `unseen` only templates training never saw, so it measures
 transfer to new phrasings, not a memorised wording. Accuracy is greedy, the right final number
 by any rule the lenient parser accepts; `strict` also needs the asked `Answer: N` final line;
@@ -28,12 +28,13 @@ import sys
 import time
 
 from common.models import resolve_model
-from launch import run_io
 from launch.cli import parse_config
 from launch.console import QuietConsole
-from launch.pool_eval import evaluate_on_pool
-from launch.train import Trainer
-from rewards import FileOptions, make_task
+from launch.driver.trainer import Trainer
+from launch.evaluate.on_workers import evaluate_on_pool
+from launch.rundir.writer import default_run_dir
+from tasks.file_task import FileOptions
+from tasks.registry import make_task
 
 SAMPLES = 8
 """completions per question for pass@k"""
@@ -95,7 +96,7 @@ def facts_table(before: dict, after: dict) -> str | None:
                       if b and a else f"{'-':^30}")
         lines.append(f"{fact + ' facts':<30}{cells}")
     lines.append("seen facts: asked in training in other words; unseen facts: never asked in "
-                 "training (rewards/arith.py)")
+                 "training (tasks/arith.py)")
     return "\n".join(lines)
 
 
@@ -135,7 +136,7 @@ def engine_name(cfg) -> str:
 
 
 def evaluate_sets(pool, sets: dict, cfg, tag: str, file) -> dict:
-    """Every split on the pool's workers at their current weights (see launch/pool_eval.py)."""
+    """Every split on the pool's workers at their current weights (evaluate/on_workers.py)."""
     return {name: evaluate_on_pool(pool, samples, cfg.rollout.max_new_tokens, f"{tag} {name}",
                                    k=SAMPLES, sample_n=PASS_N, seed=cfg.run.seed, file=file)
             for name, samples in sets.items()}
@@ -150,7 +151,7 @@ def add_flags(parser) -> None:
 def main(argv=None) -> int:
     t0 = time.perf_counter()
     cfg, args = parse_config(argv, prog="launch.demo", extra=add_flags)
-    run_dir = cfg.run.run_dir or run_io.default_run_dir()
+    run_dir = cfg.run.run_dir or default_run_dir()
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:

@@ -20,6 +20,7 @@ import os
 import numpy as np
 import torch
 
+from common.models import load_tokenizer, resolve_model
 from common.types import WeightUpdate
 
 PEFT_PREFIX = "base_model.model."
@@ -63,8 +64,6 @@ def save_final(model, cfg, path: str, merged: bool = False) -> str:
     Full, or LoRA with `merged`: full weights + tokenizer. QLoRA merges are refused: the base
     in memory is NF4, so a merged model would carry quantisation error.
     """
-    from common.models import load_tokenizer, resolve_model
-
     os.makedirs(path, exist_ok=True)
     is_peft = hasattr(model, "peft_config")
     if is_peft and merged:

@@ -3,7 +3,7 @@
 A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray actor with
 `ray.remote(num_cpus=k)(Learner)`. Run a step by hand:
 
-    python -c "from learner.learner import Learner; from launch.presets import get_preset; \
+    python -c "from learner.learner import Learner; from common.presets import get_preset; \
                Learner(get_preset('tiny'))"
 """
 
@@ -23,6 +23,7 @@ from common.engine_budget import CUDA_CONTEXT, GiB, learner_cap_gb
 from common.memory import footprint, pin_mmap_threshold, release_free_memory
 from common.quant import nf4_state
 from common.state_io import (
+    CheckpointError,
     load_state,
     optimizer_state,
     optimizer_state_dict,
@@ -211,14 +212,13 @@ class Learner:
         if self.device == "cuda":
             torch.cuda.empty_cache()  # the activations' blocks go back to the shared card
         release_free_memory()  # and on the CPU, the freed activations go back to the OS
-        m, mem = stats.metrics(), footprint()
+        m, mem = stats.means(), footprint()
         return LearnerStep(
-            loss_policy=m[M.LOSS_POLICY], loss_kl=m[M.LOSS_KL], loss_ewc=ewc_loss,
-            loss_anchor_kl=kl_anchor,
-            clip_frac=m[M.CLIP_FRAC], clip_frac_low=m[M.CLIP_FRAC_LOW],
-            clip_frac_high=m[M.CLIP_FRAC_HIGH], dual_clip_frac=m[M.DUAL_CLIP_FRAC],
-            ratio_mean=m[M.RATIO_MEAN], approx_kl=m[M.APPROX_KL], logp_diff=m[M.LOGP_DIFF],
-            logp_diff_max=m[M.LOGP_DIFF_MAX],
+            loss_policy=m.policy, loss_kl=m.kl, loss_ewc=ewc_loss, loss_anchor_kl=kl_anchor,
+            clip_frac=m.clip_frac, clip_frac_low=m.clip_frac_low,
+            clip_frac_high=m.clip_frac_high, dual_clip_frac=m.dual_clip_frac,
+            ratio_mean=m.ratio_mean, approx_kl=m.approx_kl, logp_diff=m.logp_diff,
+            logp_diff_max=m.logp_diff_max,
             entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)),
             staleness=self.version - 1 - batch.version if batch.version >= 0 else 0,
             grad_norm=grad_norm, tokens_selected=int(sel.sum()),
@@ -345,8 +345,6 @@ class Learner:
 
     def load(self, path: str) -> int:
         """Restore `save`; a checkpoint of another model is a one-line CheckpointError."""
-        from common.state_io import CheckpointError
-
         tensors, meta = load_state(path, CKPT)
         if sorted(meta.get("params", [])) != sorted(self.params):
             raise CheckpointError(f"{path}: its trainable tensors are not this learner's "

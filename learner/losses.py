@@ -260,20 +260,34 @@ class LossStats:
         out["logp_diff_max"] = max(self.logp_diff_max, other.logp_diff_max)
         return LossStats(**out)
 
-    def metrics(self) -> dict[str, float]:
-        """The step's namespaced metrics (means over selected tokens)."""
+    def means(self) -> StepLosses:
+        """The step's figures: the loss terms, and means over the selected tokens."""
         n = max(self.tokens, 1.0)
-        return {
-            "loss/policy": self.policy, "loss/kl": self.kl,
-            "policy/clip_frac": (self.clip_low + self.clip_high) / n,
-            "policy/clip_frac_low": self.clip_low / n,
-            "policy/clip_frac_high": self.clip_high / n,
-            "policy/dual_clip_frac": self.dual_clip / n,
-            "policy/ratio_mean": self.ratio / n if self.tokens else 1.0,
-            "policy/approx_kl": self.approx_kl / n,
-            "policy/logp_diff": self.logp_diff / n,
-            "policy/logp_diff_max": self.logp_diff_max,
-        }
+        return StepLosses(
+            policy=self.policy, kl=self.kl, clip_frac=(self.clip_low + self.clip_high) / n,
+            clip_frac_low=self.clip_low / n, clip_frac_high=self.clip_high / n,
+            dual_clip_frac=self.dual_clip / n,
+            ratio_mean=self.ratio / n if self.tokens else 1.0, approx_kl=self.approx_kl / n,
+            logp_diff=self.logp_diff / n, logp_diff_max=self.logp_diff_max)
+
+
+@dataclass(frozen=True)
+class StepLosses:
+    """A step's loss terms and per-token means (`LossStats.means`; common.types.LearnerStep
+    carries them to the driver)."""
+
+    policy: float
+    kl: float
+    clip_frac: float
+    """share of selected tokens clipped, either side"""
+    clip_frac_low: float
+    clip_frac_high: float
+    dual_clip_frac: float
+    ratio_mean: float
+    approx_kl: float
+    logp_diff: float
+    """mean |learner log-prob - behaviour log-prob| before the update: 0 up to noise on-policy"""
+    logp_diff_max: float
 
 
 @torch.no_grad()

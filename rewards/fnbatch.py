@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.validate import ConfigError
-from rewards.registry import VERIFIERS
-from rewards.sandbox import VerifierPool
+from rewards.result import RewardResult
+from rewards.sandbox.pool import VerifierPool
 from rewards.userfns import FnOutcome, TrainerState, batch_kwargs, combine, fn_names
-from rewards.verifiers import RewardResult
+from rewards.verifiers.registry import VERIFIERS
 
 log = logging.getLogger("homerl.rewards")
 

@@ -11,7 +11,24 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 
-from rewards.phrasings import words
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+NUMBER_WORDS = (*_ONES, *_TENS[2:], "hundred")
+"""every word `words` writes"""
+
+
+def words(n: int) -> str:
+    """0 <= n <= 999 in English words: 342 -> 'three hundred forty-two'."""
+    if not 0 <= n <= 999:
+        raise ValueError(f"words: {n} is outside 0..999")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else "-" + _ONES[n % 10])
+    rest = n % 100
+    return _ONES[n // 100] + " hundred" + ("" if rest == 0 else " " + words(rest))
+
 
 # Longest digit run we turn into an exact number. Longer runs are never valid
 # answers for our tasks and would make Fraction/int conversion slow.
@@ -113,7 +130,7 @@ _LETTERS_RE = re.compile(r"[a-z]+")
 
 def number_from_words(text: str | None) -> int | None:
     """The number 0..999 that `text` starts with, written in English words ("Seven.",
-    "twenty-one apples", "One hundred and five"), as `rewards.phrasings.words` spells it with
+    "twenty-one apples", "One hundred and five"), as `words` spells it with
     spaces or hyphens and an optional "and"; the longest such run counts. None when `text` does
     not start with a number word ("7", "the sum is seven")."""
     if not text:

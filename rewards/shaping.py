@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from rewards.styles import get_style
-from rewards.verifiers import OTHER_TAG_SCORE
+from rewards.verifiers.reference import OTHER_TAG_SCORE
 from rewards.working import working_valid
 
 

@@ -19,8 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rewards.parsing import on_answer_tag, on_boxed, on_hash_tag, on_result_tag
-from rewards.phrasings import NUMBER_WORDS
+from rewards.parsing import NUMBER_WORDS, on_answer_tag, on_boxed, on_hash_tag, on_result_tag
 
 # A number as the answer line may carry it: "$", a sign, thousands commas, decimals, an a/b
 # fraction, a trailing "%".

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rewards.verifiers import FN_BAD_OUTPUT, FN_ERROR
+from rewards.result import FN_BAD_OUTPUT, FN_ERROR
 
 RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra",
                       "log_metric"})

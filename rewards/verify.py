@@ -28,7 +28,7 @@ from typing import BinaryIO
 import numpy as np
 
 from common.presets import PRESETS, get_preset
-from rewards.sandbox import VerifierPool
+from rewards.sandbox.pool import VerifierPool
 from rewards.shaping import combine, format_bonus
 from rewards.working import working_valid
 

@@ -28,7 +28,7 @@ _NUM_AT, _OP_AT = re.compile(rf"[ \t]*({_NUM})"), re.compile(r"[ \t]*([-+*/x\u00
 _DIGIT = re.compile(r"\d")
 _LAST_NUMBER = re.compile(rf"({_NUM})\D*$")
 MAX_CHARS = 20_000
-"""longer completions have no valid working (`rewards.verifiers.MAX_COMPLETION_CHARS`)"""
+"""longer completions have no valid working (`rewards.result.MAX_COMPLETION_CHARS`)"""
 MAX_DIGITS = 30
 """longer numbers are not evaluated (a statement with one is neither true nor working)"""
 

@@ -78,7 +78,7 @@ def reference_run(tmp_path_factory):
     def get(cfg) -> Path:
         from filelock import FileLock
 
-        from launch.train import Trainer
+        from launch.driver.trainer import Trainer
 
         blob = json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()
         key = hashlib.sha256(blob).hexdigest()[:16]
@@ -184,7 +184,7 @@ def run_job(ray_cluster):
     import json
     import os
 
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     def run(cfg, run_dir, resume: bool = False):
         trainer = Trainer(cfg, str(run_dir), resume=resume)

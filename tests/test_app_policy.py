@@ -1,4 +1,4 @@
-"""The web app's server policy (launch/app_policy.py), through the callbacks the page calls:
+"""The web app's server policy (launch/app/policy.py), through the callbacks the page calls:
 closed by default (loopback, the app's own folders, listed reward functions, capped inputs),
 each refusal one line naming what is not allowed and the flag that allows it."""
 
@@ -9,9 +9,10 @@ import os
 
 import pytest
 
-from launch import webapp, webapp_models
-from launch.app_policy import Policy, PolicyError, is_loopback, read_auth
-from launch.app_uploads import dataset_choices, keep_upload
+from launch.app.model_tabs import run_eval, try_model
+from launch.app.policy import Policy, PolicyError, is_loopback, read_auth
+from launch.app.runs import FormError, allowed, form_config, resume_run, run_status, start_run
+from launch.app.uploads import dataset_choices, keep_upload
 
 
 def _one_line(err) -> str:
@@ -27,7 +28,7 @@ def _dataset(path, rows: int = 12) -> str:
 
 
 def test_host_beyond_loopback_needs_auth(capsys, tmp_path):
-    app = pytest.importorskip("launch.app", reason="gradio not installed")
+    app = pytest.importorskip("launch.app.ui", reason="gradio not installed")
     assert [is_loopback(h) for h in ("127.0.0.1", "127.3.4.5", "::1", "localhost",
                                      "0.0.0.0", "10.0.0.2", "example.org")] == [
         True, True, True, True, False, False, False]
@@ -48,16 +49,16 @@ def test_run_directories_outside_the_runs_folder_are_refused(tmp_path):
     elsewhere = tmp_path / "model-dir"
     elsewhere.mkdir()
     (elsewhere / "config.json").write_text("{}")  # looks like a run: Resume would write into it
-    with pytest.raises(webapp.FormError) as err:
-        webapp.resume_run(str(elsewhere), policy)
+    with pytest.raises(FormError) as err:
+        resume_run(str(elsewhere), policy)
     assert "outside the app's runs folder" in _one_line(err) and "--allow-any-path" in str(
         err.value)
     sneaky = root / "link"
     sneaky.symlink_to(elsewhere)  # a symlink inside the folder does not get out of it
-    with pytest.raises(webapp.FormError, match="outside"):
-        webapp.resume_run(str(sneaky), policy)
-    with pytest.raises(webapp.FormError, match="not a run directory"):  # inside: checked on
-        webapp.resume_run(str(root / "a"), policy)
+    with pytest.raises(FormError, match="outside"):
+        resume_run(str(sneaky), policy)
+    with pytest.raises(FormError, match="not a run directory"):  # inside: checked on
+        resume_run(str(root / "a"), policy)
     assert Policy(runs_root=str(root), any_path=True).check_run_dir(str(elsewhere))
 
 
@@ -72,18 +73,18 @@ def test_models_datasets_and_reward_functions_must_be_the_servers(tmp_path, tiny
         ({"preset": "tiny", "reward_fn": "os:system"}, "reward functions: 'os:system'"),
     ]
     for form, start in cases:
-        with pytest.raises(webapp.FormError) as err:
-            webapp.start_run(form, str(root), policy)
+        with pytest.raises(FormError) as err:
+            start_run(form, str(root), policy)
         assert _one_line(err).startswith(start), err.value
     assert not root.exists() or not os.listdir(root)  # nothing started
     # built-in verifiers and the listed function pass the policy (the listed module is
     # checked later, in launch.train, like on the command line)
     assert policy.check_reward_fns(["exact", "mine.rewards:score"])
-    cfg = webapp.form_config({"preset": "tiny", "task": "file", "data_path": data})
-    with pytest.raises(webapp.FormError, match="dataset"):
-        webapp.allowed(cfg, str(root), policy)
+    cfg = form_config({"preset": "tiny", "task": "file", "data_path": data})
+    with pytest.raises(FormError, match="dataset"):
+        allowed(cfg, str(root), policy)
     kept = keep_upload(data, policy)  # uploaded through the page: allowed
-    assert webapp.allowed(webapp.form_config(
+    assert allowed(form_config(
         {"preset": "tiny", "task": "file", "data_path": kept}), str(root), policy)
 
 
@@ -110,20 +111,20 @@ def test_a_second_run_is_refused_while_one_runs(tmp_path):
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"run": {"steps": 9}}))
     (run / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")  # a step just now
-    assert webapp.run_status(str(run)).state == "running"
-    with pytest.raises(webapp.FormError) as err:
-        webapp.start_run({"preset": "tiny"}, str(root), Policy(runs_root=str(root)))
+    assert run_status(str(run)).state == "running"
+    with pytest.raises(FormError) as err:
+        start_run({"preset": "tiny"}, str(root), Policy(runs_root=str(root)))
     assert "1 already running; at most 1 at once" in _one_line(err)
 
 
 def test_try_and_evaluate_inputs_are_capped(tmp_path):
     policy = Policy(runs_root=str(tmp_path / "runs"), max_prompt_chars=50, max_samples=4,
                     max_eval_n=20)
-    with pytest.raises(webapp.FormError, match="prompt: 51 characters; at most 50"):
-        webapp_models.try_model("tiny-random-llama", "x" * 51, policy=policy)
-    with pytest.raises(webapp.FormError, match="samples for pass@k: 8; at most 4"):
-        webapp_models.run_eval(["tiny-random-llama"], ["arith-1"], 5, samples=8, policy=policy)
-    with pytest.raises(webapp.FormError, match="problems per set: 21; at most 20"):
-        webapp_models.run_eval(["tiny-random-llama"], ["arith-1"], 21, policy=policy)
-    with pytest.raises(webapp.FormError, match="model: 'gpt2' is not one the app lists"):
-        webapp_models.try_model("gpt2", "What is 1 + 1?", policy=policy)
+    with pytest.raises(FormError, match="prompt: 51 characters; at most 50"):
+        try_model("tiny-random-llama", "x" * 51, policy=policy)
+    with pytest.raises(FormError, match="samples for pass@k: 8; at most 4"):
+        run_eval(["tiny-random-llama"], ["arith-1"], 5, samples=8, policy=policy)
+    with pytest.raises(FormError, match="problems per set: 21; at most 20"):
+        run_eval(["tiny-random-llama"], ["arith-1"], 21, policy=policy)
+    with pytest.raises(FormError, match="model: 'gpt2' is not one the app lists"):
+        try_model("gpt2", "What is 1 + 1?", policy=policy)

@@ -1,4 +1,5 @@
-"""tools.bench end to end on the tiny model: TRL's GRPOTrainer, then ours on a local Ray cluster.
+"""tools.compare.bench end to end on the tiny model: TRL's GRPOTrainer, then ours on a local Ray
+cluster.
 
 1 warm-up + 1 timed step, 8 new tokens; checks the printed format (the ratio line last) and the
 --json figures, and the --rollout-only lines.
@@ -9,7 +10,7 @@ import re
 
 import pytest
 
-from tools import bench
+from tools.compare import bench
 
 pytest.importorskip("trl")
 
@@ -87,7 +88,7 @@ def _status_kb(key: str) -> int:
 def test_release_memory_resets_the_high_water_mark_between_systems():
     """The second system's peak must not carry the first's: after a 400 MB buffer is freed,
     release_memory() brings VmHWM back to near VmRSS (without the reset it stays 400 MB up)."""
-    from tools.bench_setup import release_memory
+    from tools.compare.settings import release_memory
 
     buf = bytearray(400 * 2**20)
     buf[::4096] = b"x" * len(buf[::4096])  # touch every page: resident

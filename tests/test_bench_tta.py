@@ -1,9 +1,16 @@
-"""tools.bench_tta's arithmetic: when a run is scored, the interpolated time to target, and the
-reward TRL gets (ours for the cpu-demo preset, the format bonus only after working)."""
+"""tools.compare.time_to_accuracy's arithmetic: when a run is scored, the interpolated time to
+target, and the reward TRL gets (ours for the cpu-demo preset, the format bonus only after
+working)."""
 
 import pytest
 
-from tools.bench_tta import MARKS, Scorer, censored_median, time_to_target, trl_reward
+from tools.compare.time_to_accuracy import (
+    MARKS,
+    Scorer,
+    censored_median,
+    time_to_target,
+    trl_reward,
+)
 
 
 def scorer(target=0.5, budget_s=200.0):
@@ -42,8 +49,8 @@ def test_a_run_that_missed_the_target_counts_as_the_slowest_in_the_median():
 
 
 def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
-    from launch.presets import get_preset
-    from tools.bench_tta import ours_config, parse_args
+    from common.presets import get_preset
+    from tools.compare.time_to_accuracy import ours_config, parse_args
 
     cfg = ours_config("--grpo.entropy_rho 0.3 --rollout.group_size 4")
     assert cfg.grpo.entropy_rho == 0.3 and cfg.rollout.group_size == 4
@@ -59,7 +66,7 @@ def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
 def test_a_report_of_one_system_has_no_ratio_against_the_other():
     import argparse
 
-    from tools.bench_tta import report
+    from tools.compare.time_to_accuracy import report
 
     args = argparse.Namespace(n=100, gain=0.2, budget_s=600.0, seeds=[0], ours_flags="")
     run = {"system": "ours", "seed": 0, "tta_s": 90.0, "clock_s": 95.0, "steps": 5,
@@ -75,10 +82,10 @@ def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):
     so without keep_rng a run's samples would depend on where the marks fall."""
     import torch
 
-    from launch.evaluate import load_for_eval
-    from launch.presets import get_preset
+    from actors.eval_worker import load_for_eval
+    from common.presets import get_preset
     from learner.learner import Learner
-    from rewards import make_task
+    from tasks.registry import make_task
 
     path = Learner(get_preset("tiny")).save_final(str(tmp_path / "policy"))
     samples = make_task("arith", 1, None, 0).heldout(2, "unseen")

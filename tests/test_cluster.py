@@ -24,11 +24,11 @@ from ray.util.placement_group import placement_group_table
 
 from common.config import ConfigError
 from common.core_lease import flag_path
-from launch import run_io
-from launch.placement import make_placement
-from launch.presets import get_preset
-from launch.supervise import run_supervised
-from launch.train import Trainer
+from common.presets import get_preset
+from launch.driver.placement import make_placement
+from launch.driver.supervise import run_supervised
+from launch.driver.trainer import Trainer
+from launch.rundir.writer import read_jsonl
 
 
 def connected_cluster(head_cpus: int, nodes: int):
@@ -168,7 +168,7 @@ def test_lost_worker_and_learner_nodes_are_survived(spare_nodes, tmp_path, caplo
         for node_id in NodeLosingTrainer.lost:  # a lost learner's core-sharing flag file
             for path in glob.glob(flag_path(f"{node_id[:16]}-*")):
                 os.remove(path)
-    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(8))  # every step once; 4 was redone
     assert summary["learner_restarts"] == 1 and rows[-1]["faults/learner_restarts"] == 1
     # the worker on the lost node was replaced (Ray reports the node dead some seconds after

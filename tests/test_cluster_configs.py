@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from launch.presets import get_preset
+from common.presets import get_preset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "cluster_configs"
 RAY_UP = ["onprem-cpu.yaml", "aws-gpu.yaml"]

@@ -1,7 +1,8 @@
-"""The python-tests verifier (rewards.codecheck, rewards.jail, rewards.harness): right and
-wrong code, the reply formats, and hostile code that must be contained, score 0 and leave the
-host as it was. The isolation tests need Linux namespaces (they skip, saying so, where the
-machine has none); the refusal without them is tested by simulating the OS boundary."""
+"""The python-tests verifier (rewards.verifiers.python_tests, rewards.sandbox.jail and
+rewards.sandbox.harness): right and wrong code, the reply formats, and hostile code that must be
+contained, score 0 and leave the host as it was. The isolation tests need Linux namespaces (they
+skip, saying so, where the machine has none); the refusal without them is tested by simulating
+the OS boundary."""
 
 import json
 import os
@@ -14,9 +15,15 @@ from textwrap import dedent
 
 import pytest
 
-from rewards import codecheck
-from rewards.codecheck import Limits, check_isolation, extract_code, python_tests, run_tests
-from rewards.jail import OWN_UID_BASE
+from rewards.sandbox.jail import OWN_UID_BASE
+from rewards.verifiers import python_tests as codecheck
+from rewards.verifiers.python_tests import (
+    Limits,
+    check_isolation,
+    extract_code,
+    python_tests,
+    run_tests,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = check_isolation()
@@ -323,7 +330,8 @@ def test_isolation_as_an_unprivileged_user_takes_a_user_namespace(tmp_path):
         pay.flush()
         pay.seek(0)
         cfg = {"parent": os.getpid(), "python": os.path.realpath(python),
-               "harness": str(REPO / "rewards" / "harness.py"), "root": "/tmp", "expose": [],
+               "harness": str(REPO / "rewards" / "sandbox" / "harness.py"), "root": "/tmp",
+               "expose": [],
                "payload_fd": pay.fileno(), "report_fd": report.fileno(),
                "limits": asdict(Limits())}
 
@@ -332,10 +340,10 @@ def test_isolation_as_an_unprivileged_user_takes_a_user_namespace(tmp_path):
             os.setgid(65534)
             os.setuid(65534)
 
-        proc = subprocess.run([python, "-I", "-S", str(REPO / "rewards" / "jail.py"),
-                               json.dumps(cfg)], preexec_fn=as_nobody, capture_output=True,
-                              text=True, pass_fds=(pay.fileno(), report.fileno()), timeout=20,
-                              cwd="/")
+        jail = REPO / "rewards" / "sandbox" / "jail.py"
+        proc = subprocess.run([python, "-I", "-S", str(jail), json.dumps(cfg)],
+                              preexec_fn=as_nobody, capture_output=True, text=True,
+                              pass_fds=(pay.fileno(), report.fileno()), timeout=20, cwd="/")
         report.seek(0)
         said = report.read().decode()
     if proc.returncode == codecheck.SETUP_FAILED and "unshare" in said:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from rewards import codecheck
-from rewards.codecheck import check_isolation, python_tests
+from rewards.verifiers import python_tests as codecheck
+from rewards.verifiers.python_tests import check_isolation, python_tests
 
 try:  # tests/ as a package, or as a plain directory on sys.path
     from tests.test_codecheck import SOLUTION, TESTS
@@ -41,14 +41,14 @@ def test_without_isolation_check_and_start_up_refuse_in_one_line_simulated_os_bo
     assert "Operation not permitted" in reason and "unsandboxed_code" in reason
     with pytest.raises(codecheck.IsolationError, match="cannot isolate"):
         codecheck.require_isolation(unsandboxed=False)
-    with caplog.at_level(logging.WARNING, logger="rewards.codecheck"):
+    with caplog.at_level(logging.WARNING, logger="rewards.verifiers.python_tests"):
         codecheck.require_isolation(unsandboxed=True)  # allowed: a warning, no error
     assert "WITHOUT isolation" in caplog.text
 
 
 def test_without_isolation_items_score_0_no_sandbox_simulated_os_boundary(no_namespaces, caplog):
     reply = f"```python\n{SOLUTION}```"
-    with caplog.at_level(logging.ERROR, logger="rewards.codecheck"):
+    with caplog.at_level(logging.ERROR, logger="rewards.verifiers.python_tests"):
         results = [python_tests(reply, TESTS) for _ in range(2)]
     assert [(r.score, r.error) for r in results] == [(0.0, "no_sandbox")] * 2
     assert caplog.text.count("refusing to run") == 1  # said once, not once per item
@@ -57,7 +57,7 @@ def test_without_isolation_items_score_0_no_sandbox_simulated_os_boundary(no_nam
 def test_the_unsafe_switch_runs_code_unisolated_with_one_warning_simulated_os_boundary(
         no_namespaces, caplog):
     codecheck.configure(unsandboxed=True, launcher=FAKE_LAUNCHER)
-    with caplog.at_level(logging.WARNING, logger="rewards.codecheck"):
+    with caplog.at_level(logging.WARNING, logger="rewards.verifiers.python_tests"):
         right = python_tests(f"```python\n{SOLUTION}```", TESTS)
         wrong = python_tests("```python\ndef add(a, b):\n    return 0\n```", TESTS)
     assert (right.score, right.error, wrong.score) == (1.0, None, 0.0)
@@ -69,8 +69,8 @@ def test_a_python_tests_run_is_refused_before_any_actor_simulated_os_boundary(
     """launch.train builds the curriculum before any actor: a python-tests file task there
     is one ConfigError line where code cannot be isolated, unless the user turns it off."""
     from common.config import ConfigError
-    from launch.curriculum import Curriculum
-    from launch.presets import get_preset
+    from common.presets import get_preset
+    from launch.driver.curriculum import Curriculum
 
     data = tmp_path / "code.jsonl"
     data.write_text("".join(f'{{"question": "write add #{i}", "answer": "assert add(1, 2) == 3"}}\n'

@@ -18,8 +18,8 @@ from common.config import (
     RolloutConfig,
     RunConfig,
 )
+from common.presets import PRESETS, get_preset
 from launch.cli import field_docs, parse_config
-from launch.presets import PRESETS, get_preset
 
 BAD_FIELDS = [
     (ModelConfig, "dtype", "fp8", "model.dtype: must be one of auto, bf16, fp16, fp32"),
@@ -83,7 +83,7 @@ def test_presets_are_valid_and_round_trip(name):
 def test_the_level_2_preset_is_the_documented_recipe():
     """cpu-demo-l2 is cpu-demo with the flags docs/results.md ("Level 2") ran on 3 seeds, and its
     stages parse: 40 level-1 steps, then 120 of level 2 with level-1 replay."""
-    from launch.curriculum import parse_stages
+    from launch.driver.curriculum import parse_stages
 
     flags = ["--curriculum.level", "2", "--curriculum.stages", "arith:1:40,arith:2:120",
              "--curriculum.replay", "0.25", "--steps", "160"]

@@ -1,8 +1,8 @@
-"""tools.cost_model: the scaling projection's arithmetic on hand-picked figures (pure)."""
+"""tools.measure.cost_model: the scaling projection's arithmetic on hand-picked figures (pure)."""
 
 import pytest
 
-from tools.cost_model import Calibration, Layout, amdahl, best_layouts, predict
+from tools.measure.cost_model import Calibration, Layout, amdahl, best_layouts, predict
 
 CAL = Calibration(decode_a_s=0.05, decode_b_s=0.001, call_steps=100.0, rollout_speedup_2=1.25,
                   learner_s=4.0, learner_speedup_2=1.6, completions=16, sync_s=0.5,
@@ -108,7 +108,7 @@ def test_best_layouts_use_every_core_once_and_come_fastest_first():
 def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
     import json
 
-    from tools.cost_model import run_layout
+    from tools.measure.cost_model import run_layout
 
     rollout = {"num_workers": 2, "threads_per_worker": 1, "learner_threads": 1,
                "prompts_per_step": 3, "group_size": 8, "share_cores": True}
@@ -126,7 +126,7 @@ def test_a_runs_layout_and_medians_are_read_past_its_warm_up(tmp_path):
 
 
 def test_a_non_positive_figure_is_a_one_line_error(capsys):
-    from tools.cost_model import main
+    from tools.measure.cost_model import main
 
     with pytest.raises(SystemExit):
         main(["--learner-speedup-2", "0"])
@@ -138,7 +138,7 @@ def test_a_non_positive_figure_is_a_one_line_error(capsys):
 
 
 def _measured(s8_ms, s16_ms, s16_2t_ms, l1_s, l2_s):
-    """tools.bench_cores' four measurements, hand-built in their JSON shape."""
+    """tools.measure.cores' four measurements, hand-built in their JSON shape."""
     def row(batch, step_ms, prefill_s=0.8):
         return {"batch": batch, "step_ms": step_ms, "decode_tok_s": batch / step_ms * 1e3,
                 "of_bound": 0.4, "bound_tok_s": 50.0, "prefill_s": prefill_s}
@@ -156,8 +156,8 @@ def _measured(s8_ms, s16_ms, s16_2t_ms, l1_s, l2_s):
 def test_bench_cores_turns_measurements_into_the_cost_models_figures():
     """Decode's line through B = 8 and 16, the 2-thread speed-ups, the call's steps (new tokens
     + prefill in steps) and the learner scaled from the measured completion length."""
-    from launch.presets import get_preset
-    from tools.bench_cores import calibration, per_core_table
+    from common.presets import get_preset
+    from tools.measure.cores import calibration, per_core_table
 
     cfg = get_preset("cpu-14core")  # 256 new tokens
     m = _measured(s8_ms=300.0, s16_ms=400.0, s16_2t_ms=250.0, l1_s=40.0, l2_s=25.0)

@@ -7,12 +7,17 @@ import pytest
 import torch
 
 from common.config import ConfigError
+from common.presets import get_preset
 from common.state_io import load_state
-from launch.curriculum import PROMOTION_WINDOW, Curriculum, parse_stages
-from launch.presets import get_preset
-from launch.train import Trainer
+from launch.driver.curriculum import (
+    PROMOTION_WINDOW,
+    Curriculum,
+    answer_entropy,
+    parse_stages,
+    sent_order,
+)
+from launch.driver.trainer import Trainer
 from learner.ewc import ewc_penalty
-from rewards.sent import answer_entropy, sent_order
 
 
 def cfg_with(stages: str, steps: int):

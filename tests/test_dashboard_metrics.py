@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import ray
 
-from launch.dashboard_metrics import DashboardMetrics
+from launch.driver.metrics import DashboardMetrics
 
 
 def _free_port() -> int:

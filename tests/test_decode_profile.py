@@ -1,11 +1,11 @@
-"""tools.decode_profile on the HF engine with a tiny random Llama (the vLLM path runs the same
-`profile` on VLLMEngine; its engine is tested in test_vllm_worker)."""
+"""tools.measure.decode_profile on the HF engine with a tiny random Llama (the vLLM path runs the
+same `profile` on VLLMEngine; its engine is tested in test_vllm_worker)."""
 
 import math
 
 import pytest
 
-from tools.decode_profile import HFEngine, best_time, profile, prompt_ids
+from tools.measure.decode_profile import HFEngine, best_time, profile, prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_every_row_runs_the_fixed_length_and_the_figures_agree(hf_tiny):
 
 
 def test_the_compute_roof_is_two_flops_per_weight_per_token():
-    from tools.roofline import compute_bound, gemm_rate
+    from tools.measure.roofline import compute_bound, gemm_rate
 
     assert compute_bound(2e9, 10**6) == pytest.approx(1000.0)
     rate = gemm_rate(1, n=128, repeats=2)

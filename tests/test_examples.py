@@ -17,9 +17,10 @@ from examples.code import make_data as code_data
 from examples.code.rewards import asked_name, one_code_block
 from examples.plurals import make_data as plural_data
 from examples.plurals.rewards import answer_line, correct_plural, plural_mentioned
-from rewards import FileOptions, make_task
-from rewards.checks import exact
-from rewards.codecheck import check_isolation, python_tests
+from rewards.verifiers.python_tests import check_isolation, python_tests
+from rewards.verifiers.text import exact
+from tasks.file_task import FileOptions
+from tasks.registry import make_task
 
 REPO = Path(__file__).resolve().parents[1]
 WHY_NOT = check_isolation()

@@ -92,7 +92,7 @@ def test_the_report_breaks_level_2_down_by_operation_and_carry():
 def test_the_base_model_is_scored_once_per_set(tmp_path, tiny_llama):
     """A second arm reuses the base's scores of the same questions, and scores a set that
     differs (here: fewer questions) anew; the figures are the real model's either way."""
-    from rewards import make_task
+    from tasks.registry import make_task
     from tools.experiments.learning import base_scores
 
     task = make_task("arith", 1)

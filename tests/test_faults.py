@@ -21,11 +21,12 @@ import ray
 
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
+from common.presets import get_preset
 from common.types import RolloutCall, Sampling, WeightUpdate
-from launch import run_io
-from launch.pool import WeightSyncError
-from launch.presets import get_preset
-from launch.train import Trainer
+from launch.driver.pool import WeightSyncError
+from launch.driver.trainer import Trainer
+from launch.rundir.checkpoints import list_checkpoints
+from launch.rundir.writer import read_jsonl
 
 KEYS = ("reward/mean", "loss/policy", "grad/norm", "rollout/tokens", "weights/version")
 
@@ -75,7 +76,7 @@ def checkpointed(steps=6, **rollout):
 
 def clean_rows(reference_run, cfg) -> list[dict]:
     """metrics.jsonl of the run of `cfg` that nobody interrupted."""
-    return run_io.read_jsonl(str(reference_run(cfg) / "metrics.jsonl"))
+    return read_jsonl(str(reference_run(cfg) / "metrics.jsonl"))
 
 
 def test_killed_worker_is_replaced_and_nothing_is_lost(ray_cluster, reference_run, tmp_path):
@@ -236,12 +237,12 @@ class LearnerKillingTrainer(Trainer):
 
 def test_killed_learner_is_restored_from_the_checkpoint_and_nothing_is_lost(
         ray_cluster, reference_run, tmp_path):
-    from launch.supervise import run_supervised
+    from launch.driver.supervise import run_supervised
 
     want = clean_rows(reference_run, checkpointed())
     faulty = run_supervised(LearnerKillingTrainer(checkpointed(), str(tmp_path / "kill")))
     assert want[-1]["faults/learner_restarts"] == 0 and faulty["learner_restarts"] == 1
-    rows = run_io.read_jsonl(str(tmp_path / "kill" / "metrics.jsonl"))
+    rows = read_jsonl(str(tmp_path / "kill" / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(6))  # each step once; 2 and 3 were redone
     assert [r["faults/learner_restarts"] for r in rows] == [0, 0, 1, 1, 1, 1]
     for key in KEYS:  # restored exactly: the same numbers as the run nobody killed
@@ -250,7 +251,7 @@ def test_killed_learner_is_restored_from_the_checkpoint_and_nothing_is_lost(
 
 
 def test_a_learner_that_keeps_dying_stops_the_run_with_one_line(ray_cluster, tmp_path):
-    from launch.supervise import LearnerLostError, run_supervised
+    from launch.driver.supervise import LearnerLostError, run_supervised
 
     class AlwaysKill(LearnerKillingTrainer):
         KILL_AT = 1
@@ -277,7 +278,7 @@ def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path
     os.makedirs(tmp_path / ".tmp-ckpt-000006-999")
     os.makedirs(tmp_path / "ckpt-000006")
     (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == [
         "ckpt-000002", "ckpt-000004", "ckpt-000005"]  # the run's end (step 5) is one too
     data = (tmp_path / "ckpt-000005" / "learner.safetensors").read_bytes()
     (tmp_path / "ckpt-000005" / "learner.safetensors").write_bytes(data[: len(data) // 2])
@@ -296,7 +297,7 @@ def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path
 
 
 def test_a_hung_learner_step_is_killed_and_restored(ray_cluster, tmp_path):
-    from launch.supervise import run_supervised
+    from launch.driver.supervise import run_supervised
 
     class StopsLearner(Trainer):
         """SIGSTOPs the learner's process as step 3's update starts (first life only)."""
@@ -310,6 +311,6 @@ def test_a_hung_learner_step_is_killed_and_restored(ray_cluster, tmp_path):
     cfg.run.checkpoint_every, cfg.run.learner_timeout_s = 2, 5.0
     summary = run_supervised(StopsLearner(cfg, str(tmp_path)))
     assert summary["learner_restarts"] == 1
-    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(5))
     assert [r["faults/learner_restarts"] for r in rows] == [0, 0, 1, 1, 1]

@@ -7,17 +7,10 @@ import warnings
 
 import pytest
 
-from rewards import (
-    INSTRUCTION,
-    DatasetError,
-    FileOptions,
-    FileTask,
-    format_prompt,
-    instruction_for,
-    make_task,
-    prompt_text,
-)
-from rewards.filetask import prompt_key
+from tasks import DatasetError
+from tasks.file_task import FileOptions, FileTask, prompt_key
+from tasks.prompts import INSTRUCTION, format_prompt, instruction_for, prompt_text
+from tasks.registry import make_task
 
 QUESTIONS = [f"What is {i} + {i % 7}?" for i in range(30)]
 ANSWERS = [i + i % 7 for i in range(30)]
@@ -293,7 +286,7 @@ def test_file_prompts_chat_and_plain(tok, tmp_path):
 
 
 def test_instruction_for_uses_the_verifier_s_default(tok):
-    from rewards.registry import instruction
+    from rewards.verifiers.registry import instruction
 
     for name in ("exact", "choice", "python-tests"):
         assert instruction_for({"question": "q", "verifier": name}) == instruction(name)
@@ -308,7 +301,7 @@ def test_instruction_for_uses_the_verifier_s_default(tok):
 
 
 def test_score_checks_each_sample_with_its_verifier():
-    from launch.scoring import score
+    from launch.evaluate.scoring import score
 
     samples = [{"question": "Capital of France?", "answer": "Paris", "verifier": "exact"},
                {"question": "2 + 2?", "answer": "4", "verifier": "numeric"},
@@ -323,7 +316,8 @@ def test_rollout_workers_encode_the_file_prompt(tok):
     from actors.prompts import encode_prompts
 
     s = {"id": "d-1", "question": "3 + 4?", "system": "SYS", "answer": "7"}
-    keep, skipped, ids = encode_prompts(tok, [s], limit=512)
+    encoded = encode_prompts(tok, [s], limit=512)
+    keep, skipped, ids = encoded.keep, encoded.skipped, encoded.ids
     assert keep == [0] and not skipped
     assert ids[0] == tok(prompt_text(tok, s), add_special_tokens=False)["input_ids"]
     assert ids[0] != tok(format_prompt(tok, s["question"]), add_special_tokens=False)["input_ids"]

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from common.config import ConfigError
-from launch.curriculum import Curriculum, parse_stages
-from launch.presets import get_preset
-from rewards import FileOptions, FileTask
+from common.presets import get_preset
+from launch.driver.curriculum import Curriculum, parse_stages
+from tasks.file_task import FileOptions, FileTask
 
 try:  # tests/ as a package, or as a plain directory on sys.path
     from tests.test_filetask import QUESTIONS, file_of, rows, write_csv
@@ -51,8 +51,7 @@ def test_bad_file_stage_specs_are_one_line_config_errors(spec, msg):
 
 
 def test_sent_cache_key_of_a_file_stage_holds_its_path_and_mapping():
-    from launch.curriculum import parse_stage
-    from launch.sent import cache_key
+    from launch.driver.curriculum import cache_key, parse_stage
 
     cfg = get_preset("tiny")
     a, b = parse_stage("file[a.csv]:0:5"), parse_stage("file[b.csv]:0:5")
@@ -92,7 +91,7 @@ def test_a_tiny_run_trains_on_each_format(tmp_path, kind, ray_cluster, capsys):
 
 
 def test_evaluate_scores_the_file_task_s_heldout_split(tmp_path):
-    from launch.evaluate import main
+    from launch.evaluate.__main__ import main
 
     path = write_csv(tmp_path / "mine.csv", [{"problem": r["question"], "solution": r["answer"]}
                                              for r in rows()])
@@ -109,7 +108,7 @@ def test_evaluate_scores_the_file_task_s_heldout_split(tmp_path):
 
 
 def test_evaluate_file_task_errors_are_one_line(tmp_path, capsys):
-    from launch.evaluate import main
+    from launch.evaluate.__main__ import main
 
     path = write_csv(tmp_path / "mine.csv", rows(4))
     capsys.readouterr()

@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 import torch
 
+import launch.plan.__main__ as plan_cli
 from common import device
 from common.config import ConfigError, ModelConfig
 from common.device import DeviceError, compute_dtype, cuda_dtype
 from common.engine_budget import asleep_bytes, engine_batch, learner_cap_gb
+from common.presets import get_preset
 from common.shapes import KNOWN
-from launch import plan, ram_plan
-from launch.presets import get_preset
+from launch.plan import card as plan
+from launch.plan.ram import budget, per_process, report
 
 GiB = 2**30
 S = KNOWN["deepseek-ai/deepseek-r1-distill-qwen-1.5b"]
@@ -121,16 +123,16 @@ def test_plan_cli_shows_three_phases_and_the_dtype_and_refuses_6gb_with_a_fix(ca
                                                                                monkeypatch):
     monkeypatch.setattr(plan, "model_shapes", lambda name: S)
     sliced_args = ["--preset", "gpu-8gb", "--engine", "vllm", "--ram-gb", "16"]
-    assert plan.main([*sliced_args, "--gpu-memory-gb", "8"]) == 0
+    assert plan_cli.main([*sliced_args, "--gpu-memory-gb", "8"]) == 0
     out = capsys.readouterr().out
     for phase in ("start (learner loaded", "rollout (learner idle", "learn (learner steps"):
         assert phase in out
     assert "dtype bf16 (auto:" in out and "caps: learner 7.25 GiB" in out
     assert "max_num_seqs 16" in out and "fits" in out
-    assert plan.main([*sliced_args, "--gpu-memory-gb", "6"]) == 1
+    assert plan_cli.main([*sliced_args, "--gpu-memory-gb", "6"]) == 1
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "does not fit 6 GiB" in line and "would fit with --rollout.engine learner" in line
-    assert plan.main(["--preset", "gpu-8gb", "--capability", "7.5", "--ram-gb", "16"]) == 0
+    assert plan_cli.main(["--preset", "gpu-8gb", "--capability", "7.5", "--ram-gb", "16"]) == 0
     assert "dtype fp16 (auto: compute capability 7.5 < 8.0" in capsys.readouterr().out
 
 
@@ -287,16 +289,16 @@ def test_gpu_preset_host_plan_fits_a_16gb_box():
     """One-copy: the driver and the learner's process, nothing kept for an engine. The
     time-sliced layout adds the engine's weights in host memory while it sleeps."""
     cfg = get_preset("gpu-8gb")
-    rows = ram_plan.budget(cfg, S, gpu=True)
-    assert set(ram_plan.per_process(rows)) == {"driver", "learner"}
-    text, fits, total = ram_plan.report(cfg, 12.0, S, gpu=True)
+    rows = budget(cfg, S, gpu=True)
+    assert set(per_process(rows)) == {"driver", "learner"}
+    text, fits, total = report(cfg, 12.0, S, gpu=True)
     assert fits and total < 3.0, text
-    rows = ram_plan.budget(sliced(), S, gpu=True)
+    rows = budget(sliced(), S, gpu=True)
     names = {name for _, name, _ in rows}
     assert "engine weights in host memory while asleep (pinned)" in names
-    assert set(ram_plan.per_process(rows)) == {"driver", "learner", "rollout-0"}
+    assert set(per_process(rows)) == {"driver", "learner", "rollout-0"}
     # a quarter of a 16 GB box left to the system; no fp32 copy of the base is kept
-    text, fits, total = ram_plan.report(sliced(), 12.0, S, gpu=True)
+    text, fits, total = report(sliced(), 12.0, S, gpu=True)
     assert fits and total < 9.0, text
     assert max(v for _, _, v in rows) < 4 * GiB
 
@@ -318,7 +320,7 @@ def test_nf4_base_in_its_own_dtype_is_the_fp32_one_exactly(tiny_llama):
 def test_other_vllm_versions_are_refused_in_one_line_mocked_version(monkeypatch):
     vllm = pytest.importorskip("vllm")
     from actors.vllm_engine import SUPPORTED, VLLMEngine, VLLMVersionError, check_version
-    from launch import start
+    from launch.driver import roles
 
     check_version("0.32.0")
     check_version("0.32.3+cu128")
@@ -329,9 +331,9 @@ def test_other_vllm_versions_are_refused_in_one_line_mocked_version(monkeypatch)
         VLLMEngine("m", dtype="float32", seed=0, eager=True, max_model_len=64)
     assert "\n" not in str(err.value)
     cfg = get_preset("cpu-demo")  # engine vllm
-    monkeypatch.setattr(start, "installed_vllm", lambda: "0.33.1")
+    monkeypatch.setattr(roles, "installed_vllm", lambda: "0.33.1")
     with pytest.raises(ConfigError, match="rollout.engine=vllm: vLLM 0.33.1"):
-        start.rollout_worker_class(cfg)
+        roles.rollout_worker_class(cfg)
     gpu = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["gpu"]
     assert gpu == [f"vllm=={SUPPORTED}.*"]
@@ -372,8 +374,8 @@ def test_a_runs_qlora_workers_get_the_learners_nf4_bytes_through_ray(ray_cluster
 
     from common.device import plan_devices
     from common.quant import dequantize_state
-    from launch.placement import make_placement
-    from launch.start import start_roles
+    from launch.driver.placement import make_placement
+    from launch.driver.roles import start_roles
 
     cfg = _nf4_cfg(tiny_llama)
     devices = plan_devices("cpu", 0, 1)
@@ -394,11 +396,11 @@ def test_a_runs_qlora_workers_get_the_learners_nf4_bytes_through_ray(ray_cluster
 
 
 def test_nf4_check_compares_bytes_and_dequantisation_on_the_cpu(tmp_path):
-    """tools.nf4_check's code path with both sides on the CPU (the card's run is in docs/gpu.md):
-    every NF4 layer counted, the same bytes, no difference after dequantisation."""
+    """tools.card_check.nf4's code path with both sides on the CPU (the card's run is in
+    docs/gpu.md): every NF4 layer counted, the same bytes, no difference after dequantisation."""
     out = tmp_path / "nf4.json"
-    run = subprocess.run([sys.executable, "-m", "tools.nf4_check", "--cpu", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "tools.card_check.nf4", "--cpu", "--json",
+                          str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["layers"] == 14 == res["layers_same_bytes_cpu_vs_device"]  # 2 layers x 7 linears

@@ -3,6 +3,7 @@ micro-batches) and logp_stats, each against a plain-Python loop reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -126,7 +127,7 @@ def test_grpo_loss_gradient_only_on_selected_tokens(agg, seed):
     assert torch.isfinite(logp.grad).all()
     assert torch.equal(logp.grad[~sel], torch.zeros_like(logp.grad[~sel]))
     assert (logp.grad[sel] != 0).all()
-    assert all(math.isfinite(v) for v in stats.metrics().values())
+    assert all(math.isfinite(v) for v in dataclasses.asdict(stats.means()).values())
     assert stats.tokens == sel.sum().item()
 
 
@@ -148,15 +149,15 @@ def test_grpo_loss_matches_pieces_and_stats():
         torch.testing.assert_close(loss, policy + 0.1 * kl)
         assert stats.policy == pytest.approx(policy.item())
         assert stats.kl == pytest.approx(kl.item())
-        m = stats.metrics()
+        m = stats.means()
         n_sel = mask.sum().item()
-        assert m["policy/clip_frac_low"] == pytest.approx((sur.clipped_low & mask).sum() / n_sel)
-        assert m["policy/clip_frac_high"] == pytest.approx((sur.clipped_high & mask).sum() / n_sel)
+        assert m.clip_frac_low == pytest.approx((sur.clipped_low & mask).sum() / n_sel)
+        assert m.clip_frac_high == pytest.approx((sur.clipped_high & mask).sum() / n_sel)
         k3 = (logp - old).exp() - 1 - (logp - old)
-        assert m["policy/approx_kl"] == pytest.approx(k3[mask].mean().item())
-        assert m["policy/ratio_mean"] == pytest.approx((logp - old).exp()[mask].mean().item())
-        assert m["policy/logp_diff"] == pytest.approx((logp - old).abs()[mask].mean().item())
-        assert m["policy/logp_diff_max"] == pytest.approx((logp - old).abs()[mask].max().item())
+        assert m.approx_kl == pytest.approx(k3[mask].mean().item())
+        assert m.ratio_mean == pytest.approx((logp - old).exp()[mask].mean().item())
+        assert m.logp_diff == pytest.approx((logp - old).abs()[mask].mean().item())
+        assert m.logp_diff_max == pytest.approx((logp - old).abs()[mask].max().item())
     w = L.loss_weights(mask, mask)
     for kwargs in ({"beta": 0.0, "ref_logp": ref}, {"beta": 0.1, "ref_logp": None}):
         loss, stats = L.grpo_loss(logp, old, adv, w, eps_low=0.2, eps_high=0.28, **kwargs)
@@ -188,8 +189,8 @@ def test_grpo_loss_over_micro_batches_sums_to_the_whole_step(agg):
         total, parts = total + part_loss.item(), parts + part
     assert total == pytest.approx(loss.item(), rel=1e-12)
     torch.testing.assert_close(split.grad, whole.grad)
-    for k, v in stats.metrics().items():
-        assert parts.metrics()[k] == pytest.approx(v, rel=1e-9), k
+    for k, v in dataclasses.asdict(stats.means()).items():
+        assert getattr(parts.means(), k) == pytest.approx(v, rel=1e-9), k
 
 
 def test_grpo_loss_bad_args():
@@ -214,14 +215,14 @@ def test_logp_stats_match_loop(seed):
     pairs = [(a, b) for ra, rb, rm in zip(lp.tolist(), old.tolist(), mask.tolist())
              for a, b, m in zip(ra, rb, rm) if m]
     stats = L.logp_stats(logp, old, mask)
-    assert L.logp_stats(lp, old, mask).metrics() == stats.metrics()
-    m = stats.metrics()
+    assert L.logp_stats(lp, old, mask).means() == stats.means()
+    m = stats.means()
     assert stats.tokens == len(pairs)
-    assert m["policy/approx_kl"] == pytest.approx(
+    assert m.approx_kl == pytest.approx(
         sum(math.exp(a - b) - 1 - (a - b) for a, b in pairs) / len(pairs), rel=1e-12)
-    assert m["policy/ratio_mean"] == pytest.approx(
+    assert m.ratio_mean == pytest.approx(
         sum(math.exp(a - b) for a, b in pairs) / len(pairs), rel=1e-12)
     assert stats.logp_diff == pytest.approx(sum(abs(a - b) for a, b in pairs))
     assert stats.logp_diff_max == pytest.approx(max(abs(a - b) for a, b in pairs))
     empty = torch.zeros(n, t, dtype=torch.bool)
-    assert L.logp_stats(lp, old, empty).metrics()["policy/logp_diff"] == 0.0
+    assert L.logp_stats(lp, old, empty).means().logp_diff == 0.0

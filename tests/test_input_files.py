@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from rewards.evalfile import read_eval_file
-from rewards.filedata import read_table
 from rewards.parsing import normalize_answer
-from rewards.verifiers import is_equivalent, parse_reference, verify
+from rewards.verifiers.reference import is_equivalent, parse_reference, verify
+from tasks.eval_file import read_eval_file
+from tasks.file_rows import read_table
 
 BOM = codecs.BOM_UTF8
 

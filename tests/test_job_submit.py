@@ -16,7 +16,7 @@ import pytest
 from conftest import RAY, REPO, submit  # head_node: conftest's fixture
 
 from common import metrics as M
-from launch import run_io
+from launch.rundir.writer import read_jsonl
 
 
 def job_cmd(address: str, run_dir, *flags: str) -> list[str]:
@@ -78,7 +78,7 @@ def test_job_submit_survives_a_killed_learner(head_node, tmp_path):
                                 f"(exit {proc.returncode}):\n{proc.stdout[-3000:]}"
                                 f"\n{proc.stderr[-2000:]}")
     assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-3000:]
-    rows = run_io.read_jsonl(str(run_dir / "metrics.jsonl"))
+    rows = read_jsonl(str(run_dir / "metrics.jsonl"))
     assert [r[M.STEP] for r in rows] == list(range(steps))  # each step once, none lost
     assert rows[-1][M.LEARNER_RESTARTS] == 1
     assert "the learner died" in proc.stdout  # the job log says what happened

@@ -8,8 +8,8 @@ import torch
 
 from actors.weights import WeightApplier
 from common.models import load_model, resolve_model
+from common.presets import get_preset
 from common.types import TrainBatch
-from launch.presets import get_preset
 from learner.export import to_peft_state_dict
 from learner.learner import Learner
 
@@ -179,7 +179,7 @@ def test_save_load_resumes_bit_for_bit(tmp_path):
 
 
 def test_save_final_loads_with_transformers(tmp_path):
-    from launch.evaluate import load_for_eval
+    from actors.eval_worker import load_for_eval
 
     learner = Learner(tiny_cfg("lora"))
     learner.train_on(make_batch()).row()

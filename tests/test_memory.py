@@ -131,7 +131,7 @@ if sys.argv[1] == "pin":
     assert pin_mmap_threshold()
 elif sys.argv[1] == "hf-worker":                 # the HF rollout worker pins it when built
     from actors.hf_worker import HFRolloutWorker
-    from launch.presets import get_preset
+    from common.presets import get_preset
     cfg = get_preset("tiny"); cfg.model.name = sys.argv[2]
     HFRolloutWorker(cfg)
 def rss():
@@ -167,13 +167,13 @@ def test_the_hf_rollout_worker_pins_the_mmap_threshold(tiny_qwen2):
 
 
 def test_memory_table_puts_each_workers_peak_beside_its_plan(tmp_path):
-    """tools.memory_table on a hand-written run: per role and per worker, the largest
+    """tools.measure.memory_table on a hand-written run: per role and per worker, the largest
     PSS + (high-water RSS - RSS) over the rows, next to the plan of the run's config."""
     import json
 
-    from launch import ram_plan
-    from launch.presets import get_preset
-    from tools.memory_table import each_worker, table
+    from common.presets import get_preset
+    from launch.plan.ram import GiB, budget, per_process
+    from tools.measure.memory_table import each_worker, table
 
     cfg = get_preset("cpu-14core")
     cfg.rollout.num_workers = 2
@@ -192,7 +192,7 @@ def test_memory_table_puts_each_workers_peak_beside_its_plan(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     assert each_worker(rows) == pytest.approx({"rollout-0": 0.75, "rollout-1": 0.9})
-    plan = ram_plan.per_process(ram_plan.budget(cfg))["rollout-1"] / ram_plan.GiB
+    plan = per_process(budget(cfg))["rollout-1"] / GiB
     text = table(str(tmp_path))
     assert f"rollout-1 {plan:.2f}/0.90 ({plan / 0.9:.2f})" in text
     assert f"rollout-0 {plan:.2f}/0.75" in text

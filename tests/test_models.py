@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common import model_cache
 from common import models as M
 from common.embedded import EmbeddedModel
 
@@ -96,7 +97,7 @@ def test_local_dir_round_trip_matches_in_memory_model(tmp_path):
 
 def test_named_tiny_model_is_cached_once(tmp_path):
     first = M.resolve_model(M.TINY_MODEL_NAME)
-    marker = Path(first) / M._MARKER
+    marker = Path(first) / model_cache.MARKER
     mtime = marker.stat().st_mtime_ns
     assert Path(first).parent == tmp_path / "homerl-cache" / "models"
 
@@ -118,7 +119,7 @@ def test_interrupted_build_is_never_picked_up(tmp_path):
         raise KeyboardInterrupt  # e.g. ctrl-C halfway through a conversion
 
     with pytest.raises(KeyboardInterrupt):
-        M._materialize("half-built", crash)
+        model_cache.materialize("half-built", crash)
     models_dir = tmp_path / "homerl-cache" / "models"
     assert not (models_dir / "half-built").exists()
     assert not list(models_dir.glob(".half-built.tmp-*"))
@@ -126,8 +127,9 @@ def test_interrupted_build_is_never_picked_up(tmp_path):
     # a temp dir from a killed process is ignored and cleaned by the next build
     stale = models_dir / ".half-built.tmp-dead"
     stale.mkdir()
-    built = M._materialize("half-built", lambda out: (out / "config.json").write_text("{}"))
-    assert M._is_complete(built) and not stale.exists()
+    built = model_cache.materialize("half-built",
+                                    lambda out: (out / "config.json").write_text("{}"))
+    assert model_cache.is_complete(built) and not stale.exists()
 
 
 # --------------------------------------------------------------------------- errors
@@ -186,7 +188,7 @@ def test_cpu_supports_bf16_is_false_off_linux(monkeypatch):
 def test_embedded_smollm2_converts_once_and_chats(tmp_path):
     path = Path(M.resolve_model("smollm2-135m-instruct"))  # the real ~30 s conversion
     assert path == tmp_path / "homerl-cache" / "models" / "smollm2-135m-instruct"
-    marker = path / M._MARKER
+    marker = path / model_cache.MARKER
     mtime = marker.stat().st_mtime_ns
 
     config_mtime = (path / "config.json").stat().st_mtime_ns

@@ -1,5 +1,5 @@
-"""One-copy mode (rollout.engine=learner, launch/one_copy.py): the learner's own model samples
-the rollouts, on-policy, and the run works as every other layout does (Ray, checkpoints,
+"""One-copy mode (rollout.engine=learner, launch/driver/one_copy.py): the learner's own model
+samples the rollouts, on-policy, and the run works as every other layout does (Ray, checkpoints,
 resume, a killed learner restored). The tiny model is the hostile Qwen2 of test_onpolicy.py:
 its generation_config.json carries a repetition penalty and a top-k that must not leak."""
 
@@ -14,7 +14,7 @@ import torch
 
 from actors.weights import WeightVersionError
 from common.types import RolloutCall, Sampling
-from launch.one_copy import OneCopy
+from launch.driver.one_copy import OneCopy
 from learner.advantages import plan_step
 from tests.test_onpolicy import PROMPTS, G, make_cfg, typicality_z
 
@@ -92,27 +92,14 @@ def test_a_static_kv_cache_samples_what_the_dynamic_one_does(hostile_qwen2):
     assert diff < 1e-4, diff  # the same sums, in another order
 
 
-def test_a_one_copy_run_trains_checkpoints_and_resumes_through_ray(hostile_qwen2, tmp_path,
-                                                                   run_job):
-    cfg = one_copy_cfg(hostile_qwen2)
-    cfg.run.steps, cfg.run.checkpoint_every = 3, 2
-    summary, rows, versions = run_job(cfg, tmp_path)
-    assert [r["step"] for r in rows] == [0, 1, 2] and versions == [3]
-    assert [r["rollout/version"] for r in rows] == [0, 1, 2]  # each sampled the newest weights
-    for r in rows:
-        assert r["policy/staleness"] == 0 and 0 <= r["policy/logp_diff"] < 1e-3, r
-        assert r["memory/workers_rss_gb"] == 0  # the learner's process: counted once
-    assert os.path.exists(tmp_path / "final" / "adapter_config.json")
-    cfg.run.steps = 5
-    _, rows, versions = run_job(cfg, tmp_path, resume=True)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and versions == [5]
-
-
-def test_a_killed_one_copy_learner_is_restored_from_its_checkpoint(hostile_qwen2, tmp_path,
-                                                                   ray_cluster):
-    """Its death is the learner's: the run restores the last checkpoint and goes on."""
-    from launch.supervise import run_supervised
-    from launch.train import Trainer
+def test_a_one_copy_run_survives_a_killed_learner_and_resumes_through_ray(hostile_qwen2,
+                                                                          tmp_path, ray_cluster,
+                                                                          run_job):
+    """One actor plays both roles; its death is the learner's: the run restores the last
+    checkpoint and goes on, every step sampled by the newest weights, on-policy; then the
+    finished run resumes for more steps."""
+    from launch.driver.supervise import run_supervised
+    from launch.driver.trainer import Trainer
 
     cfg = one_copy_cfg(hostile_qwen2)
     cfg.run.steps, cfg.run.checkpoint_every = 4, 2
@@ -132,3 +119,11 @@ def test_a_killed_one_copy_learner_is_restored_from_its_checkpoint(hostile_qwen2
     assert summary["learner_restarts"] == 1 and summary["steps"] == 4
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["rollout/version"] for r in rows] == [0, 1, 2, 3]  # the newest weights each step
+    for r in rows:
+        assert r["policy/staleness"] == 0 and 0 <= r["policy/logp_diff"] < 1e-3, r
+        assert r["memory/workers_rss_gb"] == 0  # the learner's process: counted once
+    assert os.path.exists(tmp_path / "final" / "adapter_config.json")
+    cfg.run.steps = 5
+    _, rows, versions = run_job(cfg, tmp_path, resume=True)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and versions == [5]

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from actors.hf_worker import HFRolloutWorker
+from common.presets import get_preset
 from common.types import RolloutCall, Sampling, TrainBatch
-from launch.presets import get_preset
 from learner.learner import Learner
 
 PROMPTS = [{"question": q, "answer": "0"} for q in
@@ -195,7 +195,7 @@ def test_greedy_evaluation_ignores_the_models_generation_config(hostile_qwen2):
     loop, which the checkpoint's repetition penalty would break."""
     from actors.eval_worker import greedy_complete
     from common.models import load_model, load_tokenizer
-    from rewards import format_prompt
+    from tasks.prompts import format_prompt
 
     model, tok = load_model(hostile_qwen2), load_tokenizer(hostile_qwen2)
     questions = [p["question"] for p in PROMPTS]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from common.presets import get_preset
 from common.tiny_model import save_tiny_qwen2
 from common.types import TrainBatch
-from launch.presets import get_preset
 from learner.learner import Learner
 from learner.model import pack_by_prompt, packed_mask, selected_logprobs, shared_prefix_logprobs
 

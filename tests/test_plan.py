@@ -1,11 +1,12 @@
-"""The GPU memory planner (launch/plan.py): the one-copy preset on one card, its rows against
+"""The GPU memory planner (launch/plan/card.py): the one-copy preset on one card, its rows against
 hand-computed sizes, its refusals, and the CLI."""
 
 import pytest
 
+import launch.plan.__main__ as plan_cli
+from common.presets import get_preset
 from common.shapes import KNOWN, Shapes
-from launch import plan
-from launch.presets import get_preset
+from launch.plan import card as plan
 
 SHAPES = KNOWN["deepseek-ai/deepseek-r1-distill-qwen-1.5b"]
 QWEN = KNOWN["qwen/qwen2.5-1.5b-instruct"]  # the gpu-8gb preset's model
@@ -96,11 +97,11 @@ def test_a_cap_under_the_peak_is_refused_in_one_line_naming_the_largest_phase(ca
     monkeypatch.setattr(plan, "model_shapes", lambda name: QWEN)
     cfg = get_preset("gpu-8gb")
     peak = max(plan.phases(plan.budget(cfg, QWEN)).values()) / GiB
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8", "--ram-gb", "16"]) == 0
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "6", "--ram-gb", "16"]) == 0
+    assert plan_cli.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8", "--ram-gb", "16"]) == 0
+    assert plan_cli.main(["--preset", "gpu-8gb", "--gpu-memory-gb", "6", "--ram-gb", "16"]) == 0
     capsys.readouterr()
     under = round(peak - 0.5, 1)
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-memory-gb", str(under),
+    assert plan_cli.main(["--preset", "gpu-8gb", "--gpu-memory-gb", str(under),
                       "--ram-gb", "16"]) == 1
     line = capsys.readouterr().out.strip().splitlines()[-1]
     worst = max(plan.phases(plan.budget(cfg, QWEN)).items(), key=lambda kv: kv[1])[0]
@@ -134,10 +135,10 @@ def test_the_time_sliced_layout_suggests_one_copy_when_it_does_not_fit():
 
 def test_cli_exit_status_and_unknown_preset(capsys, monkeypatch):
     monkeypatch.setattr(plan, "model_shapes", lambda name: QWEN)
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-gb", "8", "--ram-gb", "16"]) == 0
+    assert plan_cli.main(["--preset", "gpu-8gb", "--gpu-gb", "8", "--ram-gb", "16"]) == 0
     assert "peak" in capsys.readouterr().out
-    assert plan.main(["--preset", "gpu-8gb", "--gpu-gb", "2", "--ram-gb", "16"]) == 1
-    assert plan.main(["--preset", "nope"]) == 2
+    assert plan_cli.main(["--preset", "gpu-8gb", "--gpu-gb", "2", "--ram-gb", "16"]) == 1
+    assert plan_cli.main(["--preset", "nope"]) == 2
     assert "--preset" in capsys.readouterr().err
 
 
@@ -152,7 +153,7 @@ def test_model_shapes_fall_back_to_builtin_values_offline(name, monkeypatch):
 def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
     """launch.plan shows the plan that binds the preset: a CPU preset's RAM (no CUDA rows),
     a GPU preset's card phases and then its host side."""
-    from launch.plan import main
+    from launch.plan.__main__ import main
 
     assert main(["--preset", "cpu-14core", "--cores", "14", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out
@@ -189,14 +190,15 @@ def test_under_wsl2_the_host_plan_says_how_to_give_linux_more_ram_mocked_wsl(cap
                                                                           monkeypatch):
     """WSL2 gives Linux half of the PC's RAM by default: the host plan and a RAM refusal say
     how to change that (the kernel's osrelease is mocked: this machine is no WSL2)."""
-    from launch import ram_plan
+    from launch.plan import ram
+    from launch.plan.ram import refusal
 
     monkeypatch.setattr(plan, "model_shapes", lambda name: QWEN)
-    for module in (plan, ram_plan):
+    for module in (plan_cli, ram):
         monkeypatch.setattr(module, "wsl", lambda: True)
-    assert plan.main(["--preset", "gpu-8gb", "--ram-gb", "16"]) == 0
+    assert plan_cli.main(["--preset", "gpu-8gb", "--ram-gb", "16"]) == 0
     assert ".wslconfig" in capsys.readouterr().out.split("the card:")[0]
-    line = ram_plan.refusal(get_preset("gpu-8gb"), 0.5, QWEN, gpu=True)
+    line = refusal(get_preset("gpu-8gb"), 0.5, QWEN, gpu=True)
     assert "\n" not in line and "memory=NGB" in line and "wsl --shutdown" in line
-    monkeypatch.setattr(ram_plan, "wsl", lambda: False)
-    assert ".wslconfig" not in ram_plan.refusal(get_preset("gpu-8gb"), 0.5, QWEN, gpu=True)
+    monkeypatch.setattr(ram, "wsl", lambda: False)
+    assert ".wslconfig" not in refusal(get_preset("gpu-8gb"), 0.5, QWEN, gpu=True)

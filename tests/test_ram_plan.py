@@ -7,9 +7,17 @@ import sys
 import pytest
 
 from common.config import ConfigError
+from common.presets import get_preset
 from common.shapes import Shapes
-from launch import ram_plan
-from launch.presets import get_preset
+from launch.plan.ram import (
+    ACT_OVERHEAD,
+    RUNTIME_PRIVATE,
+    SHARED_LIBS,
+    GiB,
+    budget,
+    check,
+    per_process,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = Shapes(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
@@ -34,7 +42,7 @@ def test_toy_shapes_count_params_by_hand():
 
 def test_plan_rows_match_hand_computed_bytes():
     cfg = _cfg(workers=2)
-    rows = {(p, n.split(" (")[0]): v for p, n, v in ram_plan.budget(cfg, TOY)}
+    rows = {(p, n.split(" (")[0]): v for p, n, v in budget(cfg, TOY)}
     # fp32 file and fp32 run: the learner and both workers map one copy, a third each
     assert rows[("learner", "base weights")] == pytest.approx(1448 * 4 / 3)
     assert rows[("rollout-1", "base weights")] == pytest.approx(1448 * 4 / 3)
@@ -45,7 +53,7 @@ def test_plan_rows_match_hand_computed_bytes():
     # ACT_OVERHEAD copies of (2h + 2 q + 2 kv + 3 i) fp32 values
     working = (2 * 8 + 2 * 8 + 2 * 4 + 3 * 16) * 4
     acts = rows[("learner", "step activations")]
-    assert acts == pytest.approx((3 * 10 + 70) * 2 * ram_plan.ACT_OVERHEAD * working)
+    assert acts == pytest.approx((3 * 10 + 70) * 2 * ACT_OVERHEAD * working)
     # each worker: 4 of the step's 8 sequences, 70 + 10 tokens, K and V of 2 layers x 1 head x 4
     assert rows[("rollout-0", "KV cache")] == 4 * 80 * 2 * 2 * 1 * 4 * 4
     assert rows[("rollout-0", "merged LoRA linears")] == TOY.linear_params() * 4
@@ -53,9 +61,9 @@ def test_plan_rows_match_hand_computed_bytes():
     # the prefill's values of one layer: 4 sequences x the 70-token prompt (merged: no hook)
     assert rows[("rollout-0", "prefill, one layer")] == 4 * 70 * working
     # the libraries' code split among the learner and the two workers; the rest private
-    runtime = ram_plan.RUNTIME_PRIVATE + ram_plan.SHARED_LIBS / 3
+    runtime = RUNTIME_PRIVATE + SHARED_LIBS / 3
     assert rows[("learner", "runtime")] == rows[("rollout-1", "runtime")] == runtime
-    procs = ram_plan.per_process(ram_plan.budget(cfg, TOY))
+    procs = per_process(budget(cfg, TOY))
     assert set(procs) == {"driver", "learner", "rollout-0", "rollout-1"}
     assert sum(procs.values()) == pytest.approx(sum(rows.values()))
 
@@ -63,7 +71,7 @@ def test_plan_rows_match_hand_computed_bytes():
 def test_a_file_stored_in_another_dtype_is_a_private_copy_in_every_process(monkeypatch):
     monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", "0")  # no shared fp32 conversion
     bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
-    rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=2), bf16_file)}
+    rows = {(p, n): v for p, n, v in budget(_cfg(workers=2), bf16_file)}
     assert rows[("learner", "base weights")] == rows[("rollout-0", "base weights")] == 1448 * 4
     # the worker keeps W0 of the adapted linears as bf16 and merges in place (actors/weights.py)
     assert rows[("rollout-0", "bf16 W0 of the adapted linears")] == TOY.linear_params() * 2
@@ -73,7 +81,7 @@ def test_a_file_stored_in_another_dtype_is_a_private_copy_in_every_process(monke
 def test_a_bf16_file_run_in_fp32_is_one_shared_conversion(monkeypatch):
     monkeypatch.delenv("HOMERL_SHARE_WEIGHTS", raising=False)
     bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
-    rows = {(p, n.split(" (")[0]): v for p, n, v in ram_plan.budget(_cfg(workers=2), bf16_file)}
+    rows = {(p, n.split(" (")[0]): v for p, n, v in budget(_cfg(workers=2), bf16_file)}
     # the learner and both workers map one fp32 copy: a third each
     assert rows[("learner", "base weights")] == pytest.approx(1448 * 4 / 3)
     assert rows[("rollout-1", "base weights")] == pytest.approx(1448 * 4 / 3)
@@ -87,16 +95,16 @@ def test_a_bf16_file_run_in_fp32_is_one_shared_conversion(monkeypatch):
 
 def test_more_workers_share_the_libraries_code_among_more_processes():
     def runtime(workers):
-        return dict(((p, n), v) for p, n, v in ram_plan.budget(_cfg(workers), TOY))[
+        return dict(((p, n), v) for p, n, v in budget(_cfg(workers), TOY))[
             ("learner", "runtime")]
 
-    assert runtime(6) == ram_plan.RUNTIME_PRIVATE + ram_plan.SHARED_LIBS / 7
-    assert runtime(1) - runtime(6) == pytest.approx(ram_plan.SHARED_LIBS * (1 / 2 - 1 / 7))
+    assert runtime(6) == RUNTIME_PRIVATE + SHARED_LIBS / 7
+    assert runtime(1) - runtime(6) == pytest.approx(SHARED_LIBS * (1 / 2 - 1 / 7))
 
 
 def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():
     def learner(cfg):
-        return ram_plan.per_process(ram_plan.budget(cfg, TOY))["learner"]
+        return per_process(budget(cfg, TOY))["learner"]
 
     cfg = _cfg()
     plain = learner(cfg)
@@ -108,7 +116,7 @@ def test_checkpointing_and_smaller_micro_batches_shrink_the_learner():
 
 
 def test_a_vllm_worker_holds_its_own_weights_and_engine():
-    rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=1, engine="vllm"), TOY)}
+    rows = {(p, n): v for p, n, v in budget(_cfg(workers=1, engine="vllm"), TOY)}
     assert rows[("rollout-0", "vLLM weights (own copy)")] == 1448 * 4
     # W0 of the adapted linears: file pages the worker maps beside the learner, half each
     adapted = TOY.linear_params() * 4
@@ -119,17 +127,17 @@ def test_a_vllm_worker_holds_its_own_weights_and_engine():
     assert ("rollout-0", "merged LoRA linears") not in rows
     # a bf16 file: the fp32 learner holds a private copy, the worker maps the bf16 pages alone
     bf16_file = Shapes(**{**TOY.__dict__, "dtype": "bfloat16"})
-    rows = {(p, n): v for p, n, v in ram_plan.budget(_cfg(workers=2, engine="vllm"), bf16_file)}
+    rows = {(p, n): v for p, n, v in budget(_cfg(workers=2, engine="vllm"), bf16_file)}
     assert rows[("learner", "base weights")] == 1448 * 4
     assert rows[("rollout-1", "W0 of the adapted linears (file pages)")] == adapted / 2 / 2
 
 
 def test_check_refuses_in_one_line_naming_the_largest_consumer():
     cfg = _cfg(workers=2)
-    total = sum(ram_plan.per_process(ram_plan.budget(cfg)).values()) / ram_plan.GiB
-    ram_plan.check(cfg, total + 0.01)  # fits
+    total = sum(per_process(budget(cfg)).values()) / GiB
+    check(cfg, total + 0.01)  # fits
     with pytest.raises(ConfigError) as err:
-        ram_plan.check(cfg, total / 2)
+        check(cfg, total / 2)
     msg = str(err.value)
     assert "\n" not in msg and "GiB of RAM" in msg and "largest" in msg and "try" in msg
 

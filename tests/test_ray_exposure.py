@@ -56,7 +56,7 @@ def test_a_runs_local_cluster_refuses_a_client_without_its_token(tmp_path):
     own; a client with no token is refused by the GCS, one that sends the token (the same
     user's HOME, RAY_AUTH_MODE=token) joins: the refusal is the token's, not the network's."""
     head = subprocess.Popen(
-        [sys.executable, "-c", "import ray, time; from launch.placement import "
+        [sys.executable, "-c", "import ray, time; from launch.driver.placement import "
          "start_local_cluster; start_local_cluster(1); "
          "print('GCS', ray.get_runtime_context().gcs_address, flush=True); time.sleep(600)"],
         env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -13,9 +13,15 @@ import pytest
 from common.config import RewardConfig
 from common.types import RolloutSummary
 from learner.advantages import group_advantages, zero_std_fraction
-from rewards import RewardFns, TrainerState, VerifierPool, check_reward_fns
-from rewards.fnbatch import NO_REFERENCE, builtin_scores, verify_samples
-from rewards.userfns import as_scores, batch_kwargs, combine, fn_names, sample_columns
+from rewards.fnbatch import (
+    NO_REFERENCE,
+    RewardFns,
+    builtin_scores,
+    check_reward_fns,
+    verify_samples,
+)
+from rewards.sandbox.pool import VerifierPool
+from rewards.userfns import TrainerState, as_scores, batch_kwargs, combine, fn_names, sample_columns
 
 # The functions as a TRL user writes them (TRL's docs: `def reward_func(completions, **kwargs)`).
 MYMOD = '''
@@ -277,9 +283,10 @@ def test_unscorable_rule_matches_trl_s_arithmetic():
 ])
 def test_a_bad_spec_is_one_line_before_any_actor(mymod, monkeypatch, capsys, spec, want):
     import launch.train as train
+    from launch.driver import trainer
 
     (mymod / "broken.py").write_text("x = undefined_name\n")
-    monkeypatch.setattr(train, "connect", lambda cfg: pytest.fail("an actor would start"))
+    monkeypatch.setattr(trainer, "connect", lambda cfg: pytest.fail("an actor would start"))
     capsys.readouterr()
     assert train.main(["--preset", "tiny", "--reward.fn", f"numeric,{spec}",
                        "--run-dir", str(mymod / "run")]) == 2

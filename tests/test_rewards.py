@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from rewards import parsing, sandbox
-from rewards.sandbox import VerifierPool, score_completions
-from rewards.tasks import INSTRUCTION
-from rewards.verifiers import (
+from rewards import parsing
+from rewards.result import ERROR_CODES, RewardResult
+from rewards.sandbox import pool as sandbox
+from rewards.sandbox.pool import VerifierPool, score_completions
+from rewards.verifiers.reference import (
     ANSWER_FORMAT,
-    ERROR_CODES,
-    RewardResult,
     extract_answer,
     format_score,
     is_equivalent,
     normalize_answer,
     verify,
 )
+from tasks.prompts import INSTRUCTION
 
 try:  # tests/ as a package, or as a plain directory on sys.path
     from tests import test_rewards_helpers as helpers
@@ -353,7 +353,7 @@ def test_the_verifier_process_does_not_reimport_the_callers_main_module(tmp_path
     script.write_text(
         "import os\n"
         f"open({str(marks)!r}, 'a').write(str(os.getpid()) + '\\n')\n"
-        "from rewards.sandbox import VerifierPool\n"
+        "from rewards.sandbox.pool import VerifierPool\n"
         "if __name__ == '__main__':\n"
         "    with VerifierPool() as pool:\n"
         "        assert pool.score(['Answer: 4'], ['4'])[0].score == 1.0\n"
@@ -384,7 +384,7 @@ def test_adversarial_completions_are_scored_without_the_timeout_path():
     """Every parser (numeric, every answer style's format, exact, choice, working_valid) on
     inputs of 20,000 to 100,000 characters of spaces, tags, digits, boxes and sums, inside the
     verifier process with its 2 s limit per item: none may need the timeout
-    (tools.bench_parsers times them)."""
+    (tools.measure.parsers times them)."""
     with VerifierPool(verify_fn=helpers.every_parser) as pool:
         results = pool.score(ADVERSARIAL, ["3"] * len(ADVERSARIAL), timeout_s=2.0)
     assert [r.error for r in results].count("timeout") == 0, [r.error for r in results]

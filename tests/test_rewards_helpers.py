@@ -7,7 +7,7 @@ imports its verify function by name.
 import os
 import time
 
-from rewards.verifiers import verify
+from rewards.verifiers.reference import verify
 
 SLOW = "__slow_item__"  # sleeps far past any test timeout
 CRASH = "__crash_item__"  # kills the worker process outright
@@ -32,10 +32,10 @@ def marker_verify(completion, answer):
 def every_parser(completion, answer):
     """Run every answer parser on `completion` (any length: verify itself stops at
     MAX_COMPLETION_CHARS), then score it as `verify` does."""
-    from rewards import checks
     from rewards.parsing import extract_answer
     from rewards.styles import STYLES
-    from rewards.verifiers import format_score
+    from rewards.verifiers import text as checks
+    from rewards.verifiers.reference import format_score
     from rewards.working import working_valid
 
     extract_answer(completion)

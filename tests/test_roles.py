@@ -1,4 +1,4 @@
-"""launch/roles.py: the driver's actor classes forward every public method of the real ones,
+"""launch/driver/roles.py: the driver's actor classes forward every public method of the real ones,
 and importing the driver loads neither torch nor transformers."""
 
 import inspect
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launch import roles
+from launch.driver import roles
 
 
 def _public(cls) -> set[str]:
@@ -17,7 +17,7 @@ def _public(cls) -> set[str]:
 @pytest.mark.parametrize("name, module", [("Learner", "learner.learner"),
                                           ("HFRolloutWorker", "actors.hf_worker"),
                                           ("VLLMRolloutWorker", "actors.vllm_worker"),
-                                          ("OneCopy", "launch.one_copy")])
+                                          ("OneCopy", "launch.driver.one_copy")])
 def test_each_role_forwards_exactly_the_real_classes_public_methods(name, module):
     if name == "VLLMRolloutWorker":
         pytest.importorskip("vllm")
@@ -26,7 +26,7 @@ def test_each_role_forwards_exactly_the_real_classes_public_methods(name, module
 
 
 def test_a_role_builds_the_real_object_and_forwards_calls():
-    from launch.presets import get_preset
+    from common.presets import get_preset
 
     learner = roles.Learner(get_preset("tiny"))
     assert type(learner._impl).__module__ == "learner.learner"
@@ -36,8 +36,8 @@ def test_a_role_builds_the_real_object_and_forwards_calls():
 
 def test_the_driver_imports_no_torch_transformers_or_vllm():
     # importing the driver, and what it does before Ray starts: refuse a missing GPU, plan RAM
-    code = ("import sys, launch.train; from launch.presets import get_preset; "
-            "from launch.placement import check_ram, local_cpu_run, refuse_missing_gpu; "
+    code = ("import sys, launch.train; from common.presets import get_preset; "
+            "from launch.driver.placement import check_ram, local_cpu_run, refuse_missing_gpu; "
             "cfg = get_preset('cpu-demo'); refuse_missing_gpu(cfg); "
             "assert local_cpu_run(cfg); check_ram(cfg); "
             "print(sorted(m for m in ('torch', 'transformers', 'peft', 'vllm') "

@@ -26,10 +26,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.presets import get_preset
 from common.state_io import save_state
-from launch import run_io
 from launch.cli import resolve_run
-from launch.presets import get_preset
+from launch.rundir import writer as writer_module
+from launch.rundir.checkpoints import (
+    DriverState,
+    checkpoint_path,
+    checkpoint_tmp,
+    commit_checkpoint,
+    list_checkpoints,
+)
+from launch.rundir.writer import RunWriter, _truncate_jsonl, read_jsonl, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER, LOCK, HISTORY = ".homerl-run", ".homerl-lock", "config-history.jsonl"  # run_dir.py's
@@ -41,7 +49,7 @@ def tiny_run_dir(path: Path, steps: int = 4) -> Path:
     cfg.run.steps = steps
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text("{}\n")
-    run_io.write_json(str(path / "config.json"), cfg.to_dict())
+    write_json(str(path / "config.json"), cfg.to_dict())
     return path
 
 
@@ -82,7 +90,7 @@ def test_run_dir_takes_an_empty_dir_and_the_web_apps_pre_created_one(tmp_path):
     from launch.cli import open_run
 
     (tmp_path / "empty").mkdir()
-    app = tiny_run_dir(tmp_path / "app")  # webapp.start_run: marker + config.json, then spawn
+    app = tiny_run_dir(tmp_path / "app")  # app.runs.start_run: marker + config.json, then spawn
     (app / "app.log").write_text("")
     for d in (tmp_path / "empty", app, tmp_path / "new"):
         cfg, run_dir, resume, lock = open_run(["--preset", "tiny", "--run-dir", str(d)])
@@ -98,12 +106,12 @@ def test_resume_drops_a_torn_last_metrics_line_with_one_warning(tmp_path, caplog
     (run / "metrics.jsonl").write_text(rows + '{"step": 4, "x"')  # the driver died mid-write
     (run / "samples.jsonl").write_text('{"step": 0, "completion": "a"}\n{"step": 2, "compl')
     with caplog.at_level("WARNING", logger="homerl.train"):
-        writer = run_io.RunWriter(str(run), get_preset("tiny").to_dict(), resume_step=3)
+        writer = RunWriter(str(run), get_preset("tiny").to_dict(), resume_step=3)
     warned = [r.message for r in caplog.records if "torn" in r.message]
     assert len(warned) == 2 and "metrics.jsonl: dropped a torn last line" in warned[0]
     assert [r["step"] for r in writer.metrics()] == [0, 1, 2]
     writer.log({"step": 3, "x": 3})  # appends after whole rows, not onto the torn one
-    assert [r["step"] for r in run_io.read_jsonl(str(run / "metrics.jsonl"))] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_jsonl(str(run / "metrics.jsonl"))] == [0, 1, 2, 3]
     assert (run / "samples.jsonl").read_text() == '{"step": 0, "completion": "a"}\n'
 
 
@@ -119,19 +127,19 @@ def test_the_resume_rewrite_of_metrics_keeps_the_old_file_if_it_fails(tmp_path, 
             raise OSError(errno.ENOSPC, "No space left on device")
         return json.JSONEncoder().encode(obj)
 
-    monkeypatch.setattr(run_io.json, "dumps", dies_on_the_third_row)
+    monkeypatch.setattr(writer_module.json, "dumps", dies_on_the_third_row)
     with pytest.raises(OSError):
-        run_io._truncate_jsonl(str(path), 4)
+        _truncate_jsonl(str(path), 4)
     monkeypatch.undo()
     assert path.read_text() == old and os.listdir(tmp_path) == ["metrics.jsonl"]
     from common import durable
 
     events = []
     monkeypatch.setattr(durable, "HOOK", lambda event, p: events.append((event, p)))
-    run_io._truncate_jsonl(str(path), 4)
+    _truncate_jsonl(str(path), 4)
     assert [e for e, _ in events] == ["write", "fsync", "rename", "fsync"]  # data, then the dir
     assert events[-1] == ("fsync", str(tmp_path))
-    assert [r["step"] for r in run_io.read_jsonl(str(path))] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_jsonl(str(path))] == [0, 1, 2, 3]
 
 
 # ---- 3 and 4. the resumed run's config ---------------------------------------------------------
@@ -177,9 +185,9 @@ def test_resume_applies_the_flags_it_may_change_and_records_them(tmp_path):
 # ---- 6. checkpoints: durable, and whole at every cut point ------------------------------------
 def _write_checkpoint(run_dir: str, step: int, keep: int) -> None:
     """What a Trainer checkpoint writes (a learner part, then the driver's), without Ray."""
-    tmp = run_io.checkpoint_tmp(run_dir, step)
+    tmp = checkpoint_tmp(run_dir, step)
     save_state(tmp, "learner", {"w": np.full(256, step, np.float32)}, {"step": step})
-    run_io.commit_checkpoint(run_dir, tmp, step, run_io.DriverState(step, 0, {}, 0), keep)
+    commit_checkpoint(run_dir, tmp, step, DriverState(step, 0, {}, 0), keep)
 
 
 def test_every_file_and_directory_is_fsynced_before_an_older_checkpoint_goes(tmp_path,
@@ -191,7 +199,7 @@ def test_every_file_and_directory_is_fsynced_before_an_older_checkpoint_goes(tmp
     events = []
     monkeypatch.setattr(durable, "HOOK", lambda event, p: events.append((event, p)))
     _write_checkpoint(run, 2, keep=1)
-    new = run_io.checkpoint_path(run, 2)
+    new = checkpoint_path(run, 2)
     (into,) = [i for i, (e, p) in enumerate(events) if e == "rename" and p.endswith(new)]
     tmp = events[into][1].split(" -> ")[0]
     prune = min(i for i, (e, p) in enumerate(events) if p.startswith(os.path.join(run,
@@ -199,7 +207,7 @@ def test_every_file_and_directory_is_fsynced_before_an_older_checkpoint_goes(tmp
     synced = {p for e, p in events[:into] if e == "fsync"}
     assert {os.path.join(tmp, n) for n in os.listdir(new)} | {tmp} <= synced
     assert ("fsync", run) in events[into:prune]  # the rename is on disk before the prune
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(run)] == ["ckpt-000002"]
+    assert [os.path.basename(p) for p in list_checkpoints(run)] == ["ckpt-000002"]
 
 
 _SWEEP = r"""
@@ -208,7 +216,10 @@ sys.path.insert(0, os.path.join(sys.argv[2], "tests"))
 from test_run_dir import _write_checkpoint
 from common import durable
 from common.state_io import load_state
-from launch import run_io
+from launch.rundir.checkpoints import (check_checkpoint, list_checkpoints, load_driver_state,
+                                       newest_readable)
+from launch.rundir.writer import _truncate_jsonl, read_jsonl
+
 
 root = sys.argv[1]
 base = os.path.join(root, "base")
@@ -223,18 +234,18 @@ while True:
     pid = os.fork()
     if pid == 0:  # the writer: killed at its nth cut point
         os.environ[durable.CUT_ENV], durable._cuts = str(n), 0
-        run_io._truncate_jsonl(os.path.join(run, "metrics.jsonl"), 4)
+        _truncate_jsonl(os.path.join(run, "metrics.jsonl"), 4)
         _write_checkpoint(run, 2, keep=1)
         _write_checkpoint(run, 3, keep=1)
         os._exit(0)
     killed = os.WIFSIGNALED(os.waitpid(pid, 0)[1])
-    listed = run_io.list_checkpoints(run)
+    listed = list_checkpoints(run)
     for ckpt in listed:
-        run_io.check_checkpoint(ckpt)  # every listed one is whole
-    newest = run_io.newest_readable(listed)
-    step = run_io.load_driver_state(newest).step
+        check_checkpoint(ckpt)  # every listed one is whole
+    newest = newest_readable(listed)
+    step = load_driver_state(newest).step
     w = load_state(newest, "learner", numpy=True)[0]["w"]
-    rows = run_io.read_jsonl(os.path.join(run, "metrics.jsonl"))
+    rows = read_jsonl(os.path.join(run, "metrics.jsonl"))
     out.append({"killed": killed, "newest": os.path.basename(newest), "step": step,
                 "w": sorted(set(w.tolist())), "rows": len(rows), "listed": len(listed)})
     shutil.rmtree(run)
@@ -264,7 +275,7 @@ def test_a_whole_checkpoint_survives_a_kill_at_every_cut_point(tmp_path):
 # ---- 7. one driver per run directory --------------------------------------------------------
 _HOLD = """
 import sys, time
-from launch.run_dir import lock_run
+from launch.rundir.ownership import lock_run
 lock = lock_run(sys.argv[1])
 print("locked", flush=True)
 time.sleep(120)
@@ -272,7 +283,7 @@ time.sleep(120)
 
 
 def test_a_second_driver_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path):
-    from launch.run_dir import RunBusyError, lock_run
+    from launch.rundir.ownership import RunBusyError, lock_run
 
     run = tiny_run_dir(tmp_path / "run")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}

@@ -9,14 +9,15 @@ import os
 
 import pytest
 
-from launch import run_io
-from launch.presets import get_preset
+from common.presets import get_preset
+from launch.rundir.checkpoints import checkpoint_tmp, list_checkpoints
+from launch.rundir.writer import read_jsonl
 
 
 # ---- 8. the end of a run is a resumable checkpoint (real Ray actors) ---------------------------
 def resume_to_the_end(cfg, run_dir: str) -> int:
     """Resume the run in `run_dir` and finish it; the step it resumed at."""
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     resumed = Trainer(cfg, run_dir, resume=True)
     try:
@@ -31,7 +32,7 @@ def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path)
     cfg = get_preset("tiny")
     cfg.run.steps, cfg.run.checkpoint_every = 3, 0
     run_job(cfg, tmp_path)
-    assert [os.path.basename(p) for p in run_io.list_checkpoints(str(tmp_path))] == [
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == [
         "ckpt-000003"]
     assert (tmp_path / "final" / "homerl.json").exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith((".tmp-", ".trash-"))]
@@ -39,18 +40,22 @@ def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path)
     summary, rows, _ = run_job(cfg, tmp_path, resume=True)
     assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
     assert [r["weights/version"] for r in rows] == [1, 2, 3, 4, 5]  # went on from version 3
-    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000005")
+    assert list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000005")
 
 
 def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_cluster, tmp_path):
-    from launch.train import CheckpointWriteError, Trainer
+    from launch.driver.checkpointing import Checkpointer, CheckpointWriteError
+    from launch.driver.trainer import Trainer
+
+    class FullDiskAtTheEndCheckpoints(Checkpointer):
+        def write(self, step, state, writer):
+            if step == self.cfg.run.steps:
+                checkpoint_tmp(self.run_dir, step)
+                raise OSError(errno.ENOSPC, "No space left on device (injected)")
+            super().write(step, state, writer)
 
     class FullDiskAtTheEnd(Trainer):
-        def _write_checkpoint(self, step):
-            if step == self.cfg.run.steps:
-                run_io.checkpoint_tmp(self.run_dir, step)
-                raise OSError(errno.ENOSPC, "No space left on device (injected)")
-            super()._write_checkpoint(step)
+        checkpointer_class = FullDiskAtTheEndCheckpoints
 
     cfg = get_preset("tiny")
     cfg.run.steps, cfg.run.checkpoint_every = 4, 2
@@ -65,15 +70,15 @@ def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_clust
                               f"is {tmp_path / 'ckpt-000002'}")
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
     assert resume_to_the_end(cfg, str(tmp_path)) == 2
-    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2,
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0, 1, 2,
                                                                                        3]
-    assert run_io.list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
+    assert list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
 
 
 def test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row(ray_cluster, tmp_path):
     """Step k's row is logged after the checkpoint of step k+1: a driver dying in between
     leaves that row only in the checkpoint, and the resume logs it."""
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     class DiesAfterTheCheckpoint(Trainer):
         def checkpoint(self, step):
@@ -90,7 +95,7 @@ def test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row(ray_cluster
             trainer.run()
     finally:
         trainer.shutdown()
-    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0]
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [0]
     assert resume_to_the_end(cfg, str(tmp_path)) == 2
-    rows = run_io.read_jsonl(str(tmp_path / "metrics.jsonl"))
+    rows = read_jsonl(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["time/step_s"] > 0

@@ -1,16 +1,17 @@
-"""Reward shaping (rewards/shaping.py) and how a rollout worker applies it (actors/prompts.py):
-the format bonus, its gates, the working requirement and the overlong penalty, on hand-made
-completions."""
+"""Reward shaping (rewards/shaping.py) and how a rollout worker applies it
+(actors/rollout_batch.py): the format bonus, its gates, the working requirement and the overlong
+penalty, on hand-made completions."""
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from actors.prompts import verified_batch
+from actors.prompts import EncodedPrompts
+from actors.rollout_batch import Origin, Sampled, Scorer, verified_batch
 from common.config import Config, RewardConfig
+from common.memory import Footprint
 from common.models import load_tokenizer
-from rewards.sandbox import VerifierPool
+from rewards.sandbox.pool import VerifierPool
 from rewards.shaping import format_bonus
 
 
@@ -40,7 +41,7 @@ def test_format_bonus_only_for_right_answers_by_hand():
 
 
 def test_format_gate_steps_gate_the_bonus_for_early_policy_versions_only():
-    from actors.prompts import format_gated
+    from actors.rollout_batch import format_gated
     from common.config import ConfigError, RewardConfig
 
     gate = RewardConfig(format_gate_steps=50)
@@ -60,18 +61,17 @@ def test_a_worker_pays_the_format_bonus_only_after_working_when_asked(tiny_llama
     tok = load_tokenizer(tiny_llama)
     comps = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     n = len(texts)
-    sampled = (comps, [[0.0] * len(c) for c in comps], [[0.0] * len(c) for c in comps],
-               ["stop"] * n)
+    sampled = Sampled(comps, [[0.0] * len(c) for c in comps], [[0.0] * len(c) for c in comps],
+                      ["stop"] * n)
     prompts = [{"question": "What is 3 + 4?", "answer": "7"}]
 
     def rewards(needs_working: bool):
         cfg = Config()
         cfg.reward = RewardConfig(format_needs_working=needs_working)
         with VerifierPool() as pool:
-            worker = SimpleNamespace(tokenizer=tok, verifier=pool, cfg=cfg, version=0, name="w",
-                                     load_s=0.0)
-            batch = verified_batch(worker, prompts, [0], [[1, 2]], n, sampled, [], 0.0,
-                                   (None, None))
+            batch = verified_batch(prompts, EncodedPrompts([0], [], [[1, 2]]), n, sampled,
+                                   Scorer(tok, pool, None, cfg, 0),
+                                   Origin("w", 0.0, 0.0, Footprint(), Footprint()))
         return batch
 
     plain, gated = rewards(False), rewards(True)
@@ -114,7 +114,7 @@ def test_other_style_tags_pay_nothing_when_the_bonus_is_off():
 
     from launch.cli import parse_config
     from rewards.shaping import format_bonus
-    from rewards.verifiers import format_score
+    from rewards.verifiers.reference import format_score
 
     texts = ["3 + 4 = 7\nAnswer: 7", "3 + 4 = 7\n\\boxed{7}", "3 + 4 = 7\n\\boxed{7}\nDone.",
              "3 + 4 = 7"]

@@ -18,11 +18,11 @@ from safetensors import safe_open
 from test_onpolicy import PROMPTS, learner_logprobs, make_cfg, random_batch
 
 from common.models import load_model
+from common.presets import get_preset
 from common.shapes import KNOWN
 from common.shared_weights import _entry_name, shared_checkpoint
 from common.tiny_model import build_tiny_qwen2
-from launch import ram_plan
-from launch.presets import get_preset
+from launch.plan.ram import PROMPT_TOKENS, GiB, _adapted_linear_params, _lora_params, budget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_the_build_is_idempotent(cache, tmp_path):
 KILLED_BUILD = """
 import sys, time, torch
 from pathlib import Path
-from common.models import _materialize
+from common.model_cache import materialize
 from common.shared_weights import _entry_name
 
 def build(out):
@@ -139,7 +139,7 @@ def build(out):
     print("building", flush=True)
     time.sleep(600)
 
-_materialize(_entry_name(Path(sys.argv[1]), torch.float32), build)
+materialize(_entry_name(Path(sys.argv[1]), torch.float32), build)
 """
 
 
@@ -208,22 +208,22 @@ def test_the_plan_counts_the_shared_base_once(monkeypatch):
 
     def plan(share: str):
         monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", share)
-        return {(p, c.split(" (")[0]): v for p, c, v in ram_plan.budget(cfg, s)}
+        return {(p, c.split(" (")[0]): v for p, c, v in budget(cfg, s)}
 
     private, shared = plan("0"), plan("1")
     assert private[("rollout-0", "base weights")] == private[("learner", "base weights")] == w
     assert shared[("learner", "base weights")] == pytest.approx(w / (n + 1))
     assert shared[("rollout-5", "base weights")] == pytest.approx(w / (n + 1))
-    adapters = ram_plan._lora_params(cfg, s) * 4.0
+    adapters = _lora_params(cfg, s) * 4.0
     assert shared[("rollout-0", "LoRA adapters, unmerged, fp32")] == adapters
     assert ("rollout-0", "bf16 W0 of the adapted linears") not in shared
-    bf16_w0 = ram_plan._adapted_linear_params(cfg, s) * 2.0
+    bf16_w0 = _adapted_linear_params(cfg, s) * 2.0
     # the unmerged adapters' hook adds a delta and a sum of the intermediate's width at prefill
     r = cfg.rollout
     seqs = -(-r.prompts_per_step * r.group_size // n) * r.steps_per_call
     prefill = ("rollout-0", "prefill, one layer")
     hook = shared[prefill] - private[prefill]
-    assert hook == seqs * ram_plan.PROMPT_TOKENS["arith"] * 2 * s.intermediate * 4
+    assert hook == seqs * PROMPT_TOKENS["arith"] * 2 * s.intermediate * 4
     saved = n * w + n * (bf16_w0 - adapters - hook)  # six fp32 copies and six bf16 W0s
     assert sum(private.values()) - sum(shared.values()) == pytest.approx(saved)
-    assert sum(shared.values()) / ram_plan.GiB < 8 < 20 < sum(private.values()) / ram_plan.GiB
+    assert sum(shared.values()) / GiB < 8 < 20 < sum(private.values()) / GiB

@@ -1,14 +1,14 @@
-"""A CPU run sized from the machine (launch/sizing.py): the split of cores between the learner
+"""A CPU run sized from the machine (launch/plan/sizing.py): the split of cores between the learner
 and the rollout workers, cut to the RAM plan, and the refusals. Pure arithmetic on the RAM plan
 of the real Qwen2-0.5B shape (no model is loaded, no Ray)."""
 
 import pytest
 
 from common.config import ConfigError
-from launch import ram_plan
+from common.presets import get_preset
 from launch.cli import resolve_run
-from launch.presets import get_preset
-from launch.sizing import _with_split, split
+from launch.plan.ram import budget
+from launch.plan.sizing import _with_split, split
 
 GiB = 2**30
 
@@ -20,12 +20,12 @@ def test_every_core_is_used_once_and_the_plan_fits(cores, ram_gb):
     r = cfg.rollout
     assert r.learner_threads + r.num_workers * r.threads_per_worker == cores
     assert 1 <= r.num_workers <= r.prompts_per_step and r.learner_threads >= cores // 2
-    planned = sum(v for _, _, v in ram_plan.budget(cfg)) / GiB
+    planned = sum(v for _, _, v in budget(cfg)) / GiB
     assert planned <= ram_gb and f"{planned:.2f} GiB planned" in why
     most = split(get_preset("cpu-14core"), cores, 1000.0)[0].rollout.num_workers
     if r.num_workers < most:  # cut by the RAM: one more worker would not have fitted
         one_more = _with_split(cfg, r.num_workers + 1, 1, 1)
-        assert sum(v for _, _, v in ram_plan.budget(one_more)) / GiB > ram_gb
+        assert sum(v for _, _, v in budget(one_more)) / GiB > ram_gb
         assert "would need more than" in why
 
 
@@ -72,7 +72,7 @@ def test_the_cli_sizes_a_new_run_and_refuses_cores_with_a_split_by_hand(tmp_path
 
 
 def test_launch_plan_prints_the_split_and_why(capsys):
-    from launch.plan import main
+    from launch.plan.__main__ import main
 
     assert main(["--preset", "cpu-14core", "--cores", "16", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out

@@ -8,13 +8,14 @@ from test_tasks import ChatTokenizer
 
 from actors.prompts import encode_prompts
 from common.config import ConfigError
-from launch.curriculum import Curriculum, parse_stages
-from launch.evaluate import heldout_sets
-from rewards import INSTRUCTION, VerifierPool, format_score, instruction_for, make_task
-from rewards.parsing import number_from_words
-from rewards.phrasings import words
+from launch.driver.curriculum import Curriculum, parse_stages
+from launch.evaluate.sets import heldout_sets
+from rewards.parsing import number_from_words, words
+from rewards.sandbox.pool import VerifierPool
 from rewards.styles import STYLES, get_style
-from rewards.verifiers import verify
+from rewards.verifiers.reference import format_score, verify
+from tasks.prompts import INSTRUCTION, instruction_for
+from tasks.registry import make_task
 
 WORKING = "3 + 4 = 7\n"
 LINES = {"answer": "Answer: 7", "hash": "#### 7", "boxed": "\\boxed{7}", "result": "Result: 7"}
@@ -134,7 +135,8 @@ def test_a_styled_stage_asks_for_its_answer_line_in_the_prompt():
     prompts = [cur.prompts(k)[1] for k in range(4)]
     assert all("style" not in p for p in prompts[0] + prompts[1])
     assert all(p["style"] == "hash" for p in prompts[2] + prompts[3])
-    keep, skipped, ids = encode_prompts(_CharTokenizer(), prompts[0][:1] + prompts[2][:1], 10_000)
+    encoded = encode_prompts(_CharTokenizer(), prompts[0][:1] + prompts[2][:1], 10_000)
+    keep, skipped, ids = encoded.keep, encoded.skipped, encoded.ids
     assert keep == [0, 1] and not skipped
     texts = ["".join(map(chr, t)) for t in ids]
     assert "'Answer: <number>'" in texts[0] and "'#### <number>'" in texts[1]

@@ -1,4 +1,4 @@
-"""Tests for rewards.tasks: arithmetic and GSM8K tasks, the factory, prompts."""
+"""Tests for tasks.registry: arithmetic and GSM8K tasks, the factory, prompts."""
 
 import json
 import re
@@ -8,26 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from rewards.arith import (
+from rewards.parsing import words
+from rewards.verifiers.reference import verify
+from tasks import DatasetError
+from tasks.arith import (
     HELDOUT_SIZE,
     OP_NAMES,
     SPLITS,
+    ArithmeticTask,
     is_heldout_fact,
     is_heldout_question,
     level1_facts,
     needs_carry,
     templates,
 )
-from rewards.phrasings import binary_text, words
-from rewards.tasks import (
-    INSTRUCTION,
-    ArithmeticTask,
-    DatasetError,
-    GSM8KTask,
-    format_prompt,
-    make_task,
-)
-from rewards.verifiers import verify
+from tasks.gsm8k import GSM8KTask
+from tasks.phrasings import binary_text
+from tasks.prompts import INSTRUCTION, format_prompt
+from tasks.registry import make_task
 
 GSM8K_TRAIN = Path(__file__).resolve().parents[2] / "shared/data/gsm8k/train.jsonl"
 SAMPLE_KEYS = {"id", "question", "answer", "task", "level", "template", "split"}
@@ -89,9 +87,9 @@ def test_level1_held_out_facts_are_never_trained_in_any_phrasing():
 
 
 def test_held_out_scores_break_down_by_fact():
-    """launch.scoring: accuracy per kind of fact beside the split's own, from hand-written
+    """launch.evaluate.scoring: accuracy per kind of fact beside the split's own, from hand-written
     completions."""
-    from launch.scoring import score
+    from launch.evaluate.scoring import score
 
     samples = [{"question": f"q{i}", "answer": "5", "fact": f} for i, f in
                enumerate(["seen", "seen", "seen", "unseen"])]
@@ -130,7 +128,7 @@ def test_held_out_binary_problems_say_what_they_exercise():
 
 
 def test_held_out_scores_break_down_by_operation_and_carry():
-    from launch.scoring import score
+    from launch.evaluate.scoring import score
 
     kinds = [("add", "carry"), ("add", "no carry"), ("multiply", "carry"), ("add", "carry")]
     samples = [{"question": f"q{i}", "answer": "5", "op": op, "carry": c}
@@ -144,7 +142,8 @@ def test_held_out_scores_break_down_by_operation_and_carry():
 
 
 def test_the_demo_and_evaluate_print_facts_by_templates():
-    from launch import demo, evaluate
+    from launch import demo
+    from launch.evaluate import saved_models
 
     def split(seen, unseen):
         return {"by_fact": {"seen": {"n": 160, "accuracy": seen},
@@ -157,7 +156,7 @@ def test_the_demo_and_evaluate_print_facts_by_templates():
     assert rows[2].startswith("unseen facts") and "(n= 40)" in rows[2]
     assert demo.facts_table({"x": {}}, {"x": {}}) is None
     res = [{"model": "m", "sets": after}]
-    out = evaluate.facts_table(res, ["seen", "unseen"]).splitlines()
+    out = saved_models.facts_table(res, ["seen", "unseen"]).splitlines()
     assert "unseen templates/unseen facts" in out[0] and out[1].split()[-1] == "25.0%"
 
 

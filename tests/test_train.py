@@ -4,10 +4,10 @@ import shutil
 
 import pytest
 
-from launch import run_io
-from launch.evaluate import load_for_eval
-from launch.presets import get_preset
-from launch.train import Trainer
+from actors.eval_worker import load_for_eval
+from common.presets import get_preset
+from launch.driver.trainer import Trainer
+from launch.rundir.writer import read_jsonl
 
 REQUIRED = ["step", "reward/mean", "reward/format", "loss/policy", "time/step_s",
             "time/rollout_s", "time/learner_s", "time/sync_s", "rollout/tokens_per_s",
@@ -88,7 +88,7 @@ def test_two_workers_split_prompts(run_tiny, tmp_path):
 
 @pytest.mark.parametrize("rollout", [{}, {"max_staleness": 3, "steps_per_call": 2}])
 def test_resume_reproduces_uninterrupted_run(run_tiny, reference_run, tmp_path, rollout):
-    full = run_io.read_jsonl(str(reference_run(tiny_cfg(6, **rollout)) / "metrics.jsonl"))
+    full = read_jsonl(str(reference_run(tiny_cfg(6, **rollout)) / "metrics.jsonl"))
     # Interrupted run: stops after 4 steps (checkpoint at step 2), then resumes to 6. Its end
     # (step 4) is a checkpoint too: removed here, as a run killed before its end has none.
     run_tiny(tmp_path / "b", steps=4, **rollout)
@@ -139,7 +139,7 @@ def test_overlong_rules_shape_the_train_batch(rule):
     """reward.overlong on one group of 4 (max_new_tokens 8, buffer 0.25: ramp over 7..8)."""
     import numpy as np
 
-    from launch.train import plan_step
+    from learner.advantages import plan_step
 
     cfg = get_preset("tiny")
     cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 8
@@ -172,8 +172,6 @@ def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file(tmp_pa
     import tempfile
     from pathlib import Path
 
-    from launch import run_io
-
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: socket paths are capped
     try:
         (ray_tmp / "ray").mkdir()
@@ -185,13 +183,14 @@ def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file(tmp_pa
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["step"] for r in run_io.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))] == [0]
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))] == [0]
 
 
 def test_drain_finishes_the_rollouts_in_flight_for_their_own_steps(ray_cluster, tmp_path):
-    """Trainer.drain (tools.bench_tta pauses its clock after it): the rollout already launched
-    for step 1 is collected, still of version 0, and step 1 trains on it without a new one."""
-    from launch.pool import Rollout
+    """Trainer.drain (tools.compare.time_to_accuracy pauses its clock after it): the rollout
+    already launched for step 1 is collected, still of version 0, and step 1 trains on it without a
+    new one."""
+    from launch.driver.pool import Rollout
 
     cfg = get_preset("tiny")
     cfg.run.steps, cfg.rollout.max_staleness = 3, 1

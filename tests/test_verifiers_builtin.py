@@ -1,18 +1,26 @@
-"""The built-in verifiers by name (rewards.registry), the text verifiers (rewards.checks),
-and the verifier pool's dispatch by name, per-verifier time limits and memory limit
-(rewards.sandbox). The python-tests verifier has its own file (test_codecheck.py)."""
+"""The built-in verifiers by name (rewards.verifiers.registry), the text verifiers
+(rewards.verifiers.text), and the verifier pool's dispatch by name, per-verifier time limits and
+memory limit (rewards.sandbox). The python-tests verifier has its own file (test_codecheck.py)."""
 
 import time
 
 import pytest
 
 from common.task_config import VERIFIERS as CONFIG_VERIFIERS
-from rewards import registry
-from rewards.checks import answer_text, choice, chosen_letters, exact, normalize_text, regex
-from rewards.codecheck import check_isolation
-from rewards.sandbox import VerifierPool
+from rewards.result import ERROR_CODES, RewardResult
+from rewards.sandbox.pool import VerifierPool
 from rewards.styles import STYLES
-from rewards.verifiers import ERROR_CODES, RewardResult, verify
+from rewards.verifiers import registry
+from rewards.verifiers.python_tests import check_isolation
+from rewards.verifiers.reference import verify
+from rewards.verifiers.text import (
+    answer_text,
+    choice,
+    chosen_letters,
+    exact,
+    normalize_text,
+    regex,
+)
 
 try:  # tests/ as a package, or as a plain directory on sys.path
     from tests import test_rewards_helpers as helpers

@@ -21,9 +21,9 @@ from actors.hf_worker import HFRolloutWorker  # noqa: E402
 from actors.vllm_setup import lora_rank, write_peft_adapter  # noqa: E402
 from actors.vllm_worker import VLLMRolloutWorker  # noqa: E402
 from actors.weights import WeightVersionError  # noqa: E402
+from common.presets import get_preset  # noqa: E402
 from common.tiny_model import save_tiny_vllm_model  # noqa: E402
 from common.types import RolloutBatch, RolloutCall, Sampling, WeightUpdate  # noqa: E402
-from launch.presets import get_preset  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -269,7 +269,7 @@ def test_sleep_frees_gpu_memory_and_wake_up_restores_the_policy(model_path):
 def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path, ray_cluster):
     """launch.train's Trainer on a local Ray cluster with rollout.engine=vllm: every step's
     rollout at the version staleness allows, the last push reaches the vLLM worker."""
-    from launch.train import Trainer
+    from launch.driver.trainer import Trainer
 
     cfg = make_cfg(model_path)
     cfg.rollout.engine, cfg.run.steps, cfg.run.checkpoint_every = "vllm", 3, 0
@@ -320,7 +320,7 @@ def test_the_engine_logs_warnings_only_unless_the_user_chose_a_level(user_level)
     if user_level:
         env["VLLM_LOGGING_LEVEL"] = user_level
     code = ("import os; from actors.vllm_setup import configure_env; "
-            "from launch.presets import get_preset; "
+            "from common.presets import get_preset; "
             "configure_env(get_preset('cpu-demo'), 'rollout-0'); "
             "print(os.environ['VLLM_LOGGING_LEVEL'])")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -91,16 +91,16 @@ def test_verify_prints_what_the_preset_pays(tmp_path):
 ])
 def test_the_reward_reads_the_asked_line_and_evaluation_keeps_any_rule(text, style, ref, score,
                                                                        lenient):
-    from rewards.verifiers import verify
+    from rewards.verifiers.reference import verify
 
     result = verify(text, ref, style)
     assert (result.score, result.any_rule) == (score, lenient)
 
 
 def test_strict_accuracy_reads_the_asked_line_and_accuracy_any_rule():
-    """launch.scoring: `\\boxed{15}` then `Answer: 7` is right by any rule (accuracy, as earlier
-    tables count it) but not strict."""
-    from launch.scoring import score
+    """launch.evaluate.scoring: `\\boxed{15}` then `Answer: 7` is right by any rule (accuracy,
+    as earlier tables count it) but not strict."""
+    from launch.evaluate.scoring import score
 
     out = score([{"question": Q, "answer": "15"}], ["\\boxed{15}\nAnswer: 7"], [5], 0.0)
     assert out["accuracy"] == 1.0 and out["strict_accuracy"] == 0.0

@@ -12,9 +12,9 @@ import time
 import ray
 
 from common import metrics as M
-from launch import run_io
-from launch.evaluate import score_saved
-from launch.train import Trainer
+from launch.driver.trainer import Trainer
+from launch.evaluate.saved_models import score_saved
+from launch.rundir.checkpoints import list_checkpoints
 
 METRICS = ("tagged_accuracy", "strict_accuracy", "accuracy")  # what `scores` keeps, with
 SCORES = (*METRICS, "tag_rate", "format_rate")                     # the rates behind them
@@ -41,7 +41,7 @@ def branch(stem: Stem, run_dir: str) -> None:
     """`run_dir` (empty) starts as the stem: its stage-1 checkpoint and its rows (those past
     the checkpoint are cut when the trainer resumes from it)."""
     os.makedirs(run_dir)
-    ckpt = run_io.list_checkpoints(stem.run_dir)[0]
+    ckpt = list_checkpoints(stem.run_dir)[0]
     shutil.copytree(ckpt, os.path.join(run_dir, os.path.basename(ckpt)))
     for name in ("metrics.jsonl", "samples.jsonl"):
         if os.path.exists(os.path.join(stem.run_dir, name)):

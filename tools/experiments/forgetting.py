@@ -37,9 +37,9 @@ import statistics
 import sys
 import time
 
-from launch import run_io
 from launch.cli import parse_config
-from launch.evaluate import heldout_sets
+from launch.evaluate.sets import heldout_sets
+from launch.rundir.checkpoints import list_checkpoints
 from rewards.styles import DEFAULT_STYLE
 from rewards.styles import STYLES as ANSWER_STYLES
 from tools.experiments.cl_metrics import summarize
@@ -142,7 +142,7 @@ def note_stem(stems: dict, args, method: str, run_dir: str, run: dict) -> None:
     at the end of stage 1 is on disk: a run kept by --resume may have lost it)."""
     seed = run["seed"]
     if (args.share_stage1 and seed not in stems and run.get("stage1_s") is not None
-            and not run.get("stage1_from") and run_io.list_checkpoints(run_dir)):
+            and not run.get("stage1_from") and list_checkpoints(run_dir)):
         stems[seed] = Stem(method, run_dir, run["after"][0], run["stage1_s"])
 
 

@@ -29,10 +29,10 @@ import time
 
 from common.config import ConfigError
 from launch.cli import parse_config
-from launch.eval_sets import heldout_sets
-from launch.evaluate import score_saved
-from launch.train import Trainer
-from rewards import make_task
+from launch.driver.trainer import Trainer
+from launch.evaluate.saved_models import score_saved
+from launch.evaluate.sets import heldout_sets
+from tasks.registry import make_task
 from tools.experiments.forgetting import read_saved
 
 METRICS = ("accuracy", "strict_accuracy", "format_rate")

@@ -1,0 +1,92 @@
+"""homerl's model cache: folders built once per machine and shared by every process.
+
+    cache_dir()                      $HOMERL_CACHE or ~/.cache/homerl
+    materialize(name, build)         cache_dir()/models/NAME, built by build(tmp) if missing
+
+A build writes into a temporary folder beside the final one, the completion marker goes in
+last and the folder is renamed into place, so readers only ever see complete entries;
+concurrent builders (Ray actors resolving one model at once) wait on a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None
+
+# Bump when the recipe of a cached entry changes, so stale caches are rebuilt.
+CACHE_FORMAT = 1
+MARKER = ".homerl-complete"
+
+def cache_dir() -> Path:
+    """Root of homerl's cache: ``$HOMERL_CACHE`` or ``~/.cache/homerl``."""
+    root = os.environ.get("HOMERL_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "homerl"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def is_complete(path: Path) -> bool:
+    """True when ``path`` holds a finished cache entry of the current format."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("format") == CACHE_FORMAT
+
+
+@contextlib.contextmanager
+def build_lock(parent: Path, name: str):
+    """Serialise builds of one entry across processes (Ray actors resolving at once)."""
+    if fcntl is None:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(parent / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def materialize(name: str, build) -> Path:
+    """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
+
+    The build writes into a temp dir next to the final one; the marker goes in last and the
+    directory is renamed into place, so readers only ever see complete entries.
+    """
+    final = models_dir() / name
+    if is_complete(final):  # fast path: no lock, no imports
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(final.parent, name):
+        if is_complete(final):  # another process finished while we waited
+            return final
+        if fcntl is not None:  # holding the lock, any temp dir left over is from a dead build
+            for stale in final.parent.glob(f".{name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            marker = {"format": CACHE_FORMAT, "name": name, "created": time.time()}
+            (tmp / MARKER).write_text(json.dumps(marker))
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared between users
+            if final.exists():  # outdated or half-deleted entry: move aside, then replace
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+                os.rename(final, old / "old")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,6 @@
+"""The web app (`python -m launch.app`): Train, Watch, Evaluate and Try from a browser.
+
+`ui.py` is the Gradio page, the only module that imports Gradio; `runs.py` starts, stops and
+reads runs; `model_tabs.py` is the Evaluate and Try tabs' work; `policy.py` is what a page may
+do (the server's flags); `uploads.py` the datasets the Train tab offers.
+"""

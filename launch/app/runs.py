@@ -1,0 +1,380 @@
+"""What the web app does, without Gradio: start and stop runs, read their curves and samples,
+evaluate models, try one on a prompt.
+
+`launch/app/ui.py` lays these functions out in a page; tests call them directly. A run is the real
+thing: `python -m launch.train` in its own process session (it outlives the page and the app),
+on a local Ray cluster it starts, or on the cluster named by RAY_ADDRESS (`ray start --head`
+prints one), writing the same run directory as the command line:
+
+    RUN_DIR/app.json   how the app started it (command, pid)
+    RUN_DIR/app.log    its stdout and stderr
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import metrics as M
+from common.config import Config, ConfigError
+from common.models import ModelNotFoundError, resolve_model
+from launch.app.policy import Policy, PolicyError
+from launch.cli import OneLineParser, add_config_args, config_from_args
+from launch.rundir.checkpoints import list_checkpoints
+from launch.rundir.ownership import mark_run
+from launch.rundir.writer import clear_stop, read_jsonl, request_stop, stop_requested, write_json
+
+FORM_FLAGS = {
+    "preset": "--preset",
+    "model": "--model.name",
+    "engine": "--rollout.engine",
+    "steps": "--run.steps",
+    "group_size": "--rollout.group_size",
+    "lr": "--grpo.lr",
+    "lora_r": "--lora.r",
+    "task": "--curriculum.task",
+    "level": "--curriculum.level",
+    "seed": "--run.seed",
+    "data_path": "--curriculum.data_path",
+    "verifier": "--curriculum.verifier",
+    "prompt_field": "--curriculum.prompt_field",
+    "answer_field": "--curriculum.answer_field",
+    "reward_fn": "--reward.fn",
+}
+"""Train tab field -> launch.train flag (empty fields keep the preset's value)"""
+
+CURVES = (
+    (M.REWARD_MEAN, "reward"),
+    (M.REWARD_CORRECT, "accuracy (samples)"),
+    (M.REWARD_STRICT, "strict accuracy (samples)"),
+    (M.REWARD_FORMAT, "format rate"),
+    (M.ENTROPY, "entropy"),
+    (M.LOSS_KL, "KL to the reference"),
+    (M.LOGP_DIFF, "policy/logp_diff"),
+    (M.STALENESS, "staleness"),
+    (M.STEP_S, "s / step"),
+    ("completions_per_s", "completions / s"),
+)
+"""Watch tab panels: (metrics.jsonl key, title)"""
+
+SAMPLE_COLUMNS = ("step", "question", "answer", "completion", "reward", "error")
+
+_PROCS: dict[str, subprocess.Popen] = {}  # run dir -> the driver this app started (to reap it)
+
+
+class FormError(ValueError):
+    """A bad value in a form: one line naming the field."""
+
+
+class _RaisingParser(OneLineParser):
+    def error(self, message: str):
+        raise FormError(message)
+
+
+def _flag_value(value) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # Gradio's Number gives 4.0 for 4
+    return str(value).strip()
+
+
+def train_argv(form: dict) -> list[str]:
+    """launch.train flags for a Train form; None or empty fields are left to the preset."""
+    argv = []
+    for key, value in form.items():
+        if key not in FORM_FLAGS:
+            raise FormError(f"unknown form field {key!r}; allowed: {', '.join(FORM_FLAGS)}")
+        if isinstance(value, (list, tuple)):  # a multiselect: comma-separated, as on the CLI
+            value = ",".join(str(v).strip() for v in value if str(v).strip())
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FormError(f"{FORM_FLAGS[key]}: must be a finite number; got {value}")
+        argv += [FORM_FLAGS[key], _flag_value(value)]
+    return argv
+
+
+def form_config(form: dict) -> Config:
+    """The Config launch.train would run, validated by the same code as the CLI. Raises
+    FormError with launch.train's one-line message."""
+    parser = _RaisingParser(prog="launch.train")
+    add_config_args(parser)
+    args = parser.parse_args(train_argv(form))
+    try:
+        return config_from_args(args)
+    except ConfigError as e:
+        raise FormError(str(e)) from None
+
+
+def check_form(form: dict) -> Config:
+    """form_config, and its model found on this machine (embedded, local path or cached hub
+    id): a missing model fails here, in one line, before a process starts."""
+    cfg = form_config(form)
+    try:
+        resolve_model(cfg.model.name)
+    except ModelNotFoundError as e:
+        raise FormError(str(e)) from None
+    return cfg
+
+
+def _new_run_dir(root: str, preset: str) -> str:
+    base = os.path.join(root, f"{time.strftime('%Y%m%d-%H%M%S')}-{preset}")
+    path, i = base, 1
+    while os.path.exists(path):
+        path, i = f"{base}-{i}", i + 1
+    return path
+
+
+def _command(argv: list[str], root: str) -> list[str]:
+    """`python -m launch.train argv`; under a dashboard RAY_ADDRESS (http://head:8265) the same
+    command as a Ray job (`ray job submit`, as docs/cluster.md's "As a Ray job"), which this process
+    follows to its end."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address.startswith(("http://", "https://")):
+        return [sys.executable, "-m", "launch.train", *argv]
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    excludes = json.dumps({"excludes": [".venv", "runs", ".git"]})
+    return [ray_cli, "job", "submit", "--address", address, "--working-dir", root,
+            "--runtime-env-json", excludes, "--", "python", "-m", "launch.train", *argv]
+
+
+def _spawn(run_dir: str, argv: list[str]) -> str:
+    """Start `launch.train argv` detached (own session: closing the page or stopping the app
+    does not stop it), logging to RUN_DIR/app.log."""
+    root = str(Path(__file__).resolve().parents[2])  # the checkout: launch/app/runs.py
+    cmd = _command(argv, root)
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    with open(os.path.join(run_dir, "app.log"), "a") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    _PROCS[os.path.abspath(run_dir)] = proc
+    with open(os.path.join(run_dir, "app.json"), "w") as f:
+        json.dump({"pid": proc.pid, "command": cmd, "started": time.time()}, f)
+    return run_dir
+
+
+def allowed(cfg: Config, root: str, policy: Policy | None) -> Config:
+    """`cfg` if the server's policy lets a page start it (its model, dataset and reward
+    functions, and room for another run), else FormError naming what is not allowed."""
+    if policy is None:
+        return cfg
+    try:
+        policy.check_model(cfg.model.name, checkpoints(root))
+        for path in filter(None, (cfg.curriculum.data_path, cfg.curriculum.heldout_path)):
+            policy.check_data(path)
+        policy.check_reward_fns(cfg.reward.fns())
+        policy.check_capacity(running_count(root))
+    except PolicyError as e:
+        raise FormError(str(e)) from None
+    return cfg
+
+
+def running_count(root: str) -> int:
+    """Runs under `root` going now (a directory that is not a readable run counts as none)."""
+    count = 0
+    for run_dir in list_runs(root):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            count += run_status(run_dir).state == "running"
+    return count
+
+
+def start_run(form: dict, root: str = "runs", policy: Policy | None = None) -> str:
+    """Validate the form (and, from the page, the server's policy) and start the run; returns
+    its directory. Raises FormError."""
+    cfg = allowed(check_form(form), root, policy)
+    run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
+    os.makedirs(run_dir)
+    mark_run(run_dir)  # a run of this project: the driver's --run-dir takes it (run_dir.py)
+    # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
+    write_json(os.path.join(run_dir, "config.json"), cfg.to_dict())
+    return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])
+
+
+def resume_run(run_dir: str, policy: Policy | None = None) -> str:
+    """`launch.train --resume RUN_DIR` from its last checkpoint. Raises FormError."""
+    if policy is not None:
+        try:
+            policy.check_run_dir(run_dir)
+            policy.check_capacity(running_count(policy.runs_root))
+        except PolicyError as e:
+            raise FormError(str(e)) from None
+    if not os.path.exists(os.path.join(run_dir, "config.json")):
+        raise FormError(f"{run_dir}: not a run directory (no config.json)")
+    state = run_status(run_dir).state
+    if state in ("running", "finished"):
+        raise FormError(f"{run_dir}: already {state}")
+    clear_stop(run_dir)
+    return _spawn(run_dir, ["--resume", os.path.abspath(run_dir)])
+
+
+def stop_run(run_dir: str) -> str:
+    """Ask a running run to checkpoint and stop after its current step."""
+    if run_status(run_dir).state != "running":
+        return f"{run_dir} is not running"
+    request_stop(run_dir)
+    return f"stop asked: {run_dir} checkpoints and stops after its current step"
+
+
+def _alive(run_dir: str, pid: int) -> bool:
+    proc = _PROCS.get(os.path.abspath(run_dir))
+    if proc is not None and proc.pid == pid:
+        return proc.poll() is None  # also reaps it
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/stat") as f:
+            zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+    return "launch.train" in cmd and not zombie
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    state: str
+    """running, finished, stopped (resumable) or failed"""
+    step: int
+    """steps done (rows in metrics.jsonl)"""
+    total: int
+    """run.steps"""
+    message: str
+    """one line for the page"""
+
+
+def _last_line(path: str) -> str:
+    with contextlib.suppress(OSError), open(path, errors="replace") as f:
+        lines = [ln.strip() for ln in f.read().replace("\r", "\n").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ": error:" in ln]
+        return (errors or lines or [""])[-1]
+    return ""
+
+
+def run_status(run_dir: str) -> RunStatus:
+    """Where a run stands, from its directory (and its driver's pid, when the app started it)."""
+    with open(os.path.join(run_dir, "config.json")) as f:
+        total = json.load(f)["run"]["steps"]
+    rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    step = rows[-1][M.STEP] + 1 if rows else 0
+    info = {}
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(run_dir, "app.json")) as f:
+        info = json.load(f)
+    if info and _alive(run_dir, info["pid"]):
+        stopping = " (stopping)" if stop_requested(run_dir) else ""
+        return RunStatus("running", step, total, f"running{stopping}: step {step} of {total}")
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        return RunStatus("finished", step, total, f"finished: {step} steps")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if not info and os.path.exists(metrics) and time.time() - os.path.getmtime(metrics) < 120:
+        return RunStatus("running", step, total,
+                         f"running (started outside the app; last step < 2 min ago): step {step} "
+                         f"of {total}")
+    resumable = "resumable" if list_checkpoints(run_dir) else "no checkpoint yet"
+    if stop_requested(run_dir) or not info:  # stopped by the page, or run elsewhere
+        return RunStatus("stopped", step, total, f"stopped at step {step} of {total}: {resumable}")
+    last = _last_line(os.path.join(run_dir, "app.log"))
+    return RunStatus("failed", step, total,
+                     f"ended at step {step} of {total} ({resumable}): {last}")
+
+
+def list_runs(root: str = "runs") -> list[str]:
+    """Run directories under `root` (those with a config.json), newest first."""
+    if not os.path.isdir(root):
+        return []
+    runs = [os.path.join(root, d) for d in os.listdir(root)
+            if os.path.isfile(os.path.join(root, d, "config.json"))]
+    return sorted(runs, key=lambda d: os.path.getmtime(os.path.join(d, "config.json")),
+                  reverse=True)
+
+
+def checkpoints(root: str = "runs") -> list[str]:
+    """Models a user can evaluate or try: every run's final/ adapter and checkpoints."""
+    out = []
+    for run in list_runs(root):
+        final = os.path.join(run, "final")
+        if os.path.exists(os.path.join(final, "homerl.json")):
+            out.append(final)
+    return out
+
+
+def curve_series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """title -> (steps, values) of each Watch panel that has data; completions / s is the
+    step's completions over its wall time."""
+    out = {}
+    for key, title in CURVES:
+        pts = []
+        for r in rows:
+            if key == "completions_per_s":
+                v = (r[M.ROLLOUT_COMPLETIONS] / r[M.STEP_S]
+                     if M.ROLLOUT_COMPLETIONS in r and r.get(M.STEP_S) else None)
+            else:
+                v = r.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                pts.append((r[M.STEP], float(v)))
+        if pts:
+            out[title] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
+def curve_figure(run_dir: str):
+    """A matplotlib figure, one small panel per curve (None before the first step)."""
+    series = curve_series(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 5
+    nrows = math.ceil(len(series) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(16, 3 * nrows), squeeze=False)
+    for ax, (title, (steps, values)) in zip(axes.flat, series.items()):
+        ax.plot(steps, values, marker="." if len(steps) < 30 else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(series):]:
+        ax.axis("off")
+    fig.tight_layout()
+    plt.close(fig)  # the page renders it; pyplot must not keep every figure alive
+    return fig
+
+
+def latest_samples(run_dir: str, n: int = 8) -> list[list]:
+    """The last n sampled completions (samples.jsonl) as table rows (SAMPLE_COLUMNS)."""
+    rows = read_jsonl(os.path.join(run_dir, "samples.jsonl"))[-n:]
+    return [[r.get(c) for c in SAMPLE_COLUMNS] for r in reversed(rows)]
+
+
+def dashboard_url(timeout_s: float = 0.3) -> str | None:
+    """The Ray dashboard to link to: RAY_ADDRESS when it is a dashboard URL, else one
+    listening on 127.0.0.1:8265 (`ray start --head`); local runs start Ray without one."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address.startswith(("http://", "https://")):
+        return address
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 8265), timeout_s):
+        return "http://127.0.0.1:8265"
+    return None
+
+
+def kill_run(run_dir: str, timeout_s: float = 60.0) -> None:
+    """SIGINT the driver's process group and wait (tests' cleanup; the page uses stop_run)."""
+    proc = _PROCS.get(os.path.abspath(run_dir))
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

