@@ -115,11 +115,13 @@ def merges_lora(cfg, path: str, dtype: torch.dtype) -> bool:
 class HFRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with the current policy and scores them."""
 
-    def __init__(self, cfg, name: str = "rollout-0", nf4: dict | None = None, policy=None):
+    def __init__(self, cfg, name: str = "rollout-0", nf4: dict | None = None, policy=None,
+                 fn_code: dict[str, bytes] | None = None):
         """`nf4`: QLoRA's base as the learner's NF4 bytes (see `load_base`). `policy`: the
         learner's own model to generate with (one-copy mode, rollout.engine=learner): nothing
         is loaded, no weights are ever pushed, and the process and its threads are the
-        learner's (launch/driver/one_copy.py)."""
+        learner's (launch/driver/one_copy.py). `fn_code`: the packed `by-value:` reward
+        functions of reward.fn (rewards/byvalue.py)."""
         # first, as the learner does: each decode step frees (rows x vocab) fp32 tensors of
         # several MiB; with glibc's dynamic threshold they then come from the heap and stay as
         # holes. Generate calls of 16 rows x 64 tokens on the Qwen2-0.5B shape (0.31 GiB of
@@ -145,7 +147,7 @@ class HFRolloutWorker(RolloutWorker):
         self.load_s = 0.0
         """seconds of weight loads since the last generate call (common.types.RolloutBatch)"""
         self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
-        self.reward_fns = RewardFns.of(cfg.reward)  # reward.fn's functions, or None
+        self.reward_fns = RewardFns.of(cfg.reward, fn_code)  # reward.fn's functions, or None
         overridden = model_overrides(read_generation_config(path), cfg.rollout.temperature)
         if overridden:
             log.warning("%s: sampling ignores the model's generation_config: %s; rollout.* "

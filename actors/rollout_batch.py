@@ -119,12 +119,13 @@ def verified_batch(prompts: list[dict], encoded: EncodedPrompts, group_size: int
     texts = scorer.tokenizer.batch_decode(comps, skip_special_tokens=True) if comps else []
     index = [i for i in encoded.keep for _ in range(group_size)]
     samples = [prompts[i] for i in index]
-    fns = None
+    fns, t_score = None, time.perf_counter()
     if scorer.reward_fns is not None:
         results, fns = fn_rewards(scorer, samples, texts, comps)
         rewards = fns.rewards
     else:
         results, rewards = verifier_rewards(scorer, samples, texts)
+    score_s = time.perf_counter() - t_score
     numeric = [s.get("verifier") in (None, "numeric") for s in samples]
     return RolloutBatch(
         prompt_ids=[encoded.ids[encoded.keep.index(i)] for i in index], completion_ids=comps,
@@ -135,6 +136,7 @@ def verified_batch(prompts: list[dict], encoded: EncodedPrompts, group_size: int
         rewards=rewards, reward_errors=[r.error for r in results],
         answers=[r.parsed for r in results], version=scorer.version,
         num_prompts=len(prompts), gen_time_s=time.perf_counter() - origin.started,
+        score_s=score_s,
         load_s=origin.load_s, worker=origin.worker, memory=origin.memory,
         verifier_memory=origin.verifier_memory, skipped=encoded.skipped,
         fn_scores=fns.per_fn if fns else {}, fn_errors=fns.errors if fns else {},

@@ -133,11 +133,12 @@ class VLLMRolloutWorker(RolloutWorker):
     """Generates G completions per prompt with vLLM and scores them (see module docstring)."""
 
     def __init__(self, cfg, name: str = "rollout-0", lora_merge: bool | None = None,
-                 nf4: dict | None = None):
+                 nf4: dict | None = None, fn_code: dict[str, bytes] | None = None):
         """`lora_merge`: serve LoRA updates merged into the weights (True) or as vLLM adapters
         (False); None: $HOMERL_VLLM_LORA (merge/adapter) if set, else merge on CPU only.
         `nf4`: QLoRA's base as the learner's NF4 bytes (`Learner.nf4_state`); None quantises
-        the checkpoint here, as the learner does."""
+        the checkpoint here, as the learner does. `fn_code`: the packed `by-value:` reward
+        functions of reward.fn (rewards/byvalue.py)."""
         self.cfg, self.name, self.started_at = cfg, name, time.time()
         if lora_merge is None:
             env = os.environ.get("HOMERL_VLLM_LORA", "")
@@ -172,7 +173,7 @@ class VLLMRolloutWorker(RolloutWorker):
         self.adapter = None
         self.version = 0
         self.verifier = VerifierPool(unsandboxed_code=cfg.reward.unsandboxed_code)
-        self.reward_fns = RewardFns.of(cfg.reward)  # reward.fn's functions, or None
+        self.reward_fns = RewardFns.of(cfg.reward, fn_code)  # reward.fn's functions, or None
         self.load_s = 0.0
 
     def _lease(self) -> Lease | NoLease:

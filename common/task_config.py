@@ -3,6 +3,7 @@ how completions are rewarded (`RewardConfig`). Part of `common.config`, which re
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -10,8 +11,11 @@ from common.validate import ConfigError, _choice, _int, _range
 
 VERIFIERS = ("numeric", "exact", "choice", "regex", "python-tests")
 """the built-in verifiers (rewards.verifiers.registry), by name"""
-FN_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-"""a reward function named as `package.module:function`"""
+FN_SPEC = re.compile(r"^([A-Za-z_][\w.]*|by-value):[A-Za-z_]\w*$")
+"""a reward function named as `package.module:function`, or `by-value:name` for one that
+`homerl.GRPOTrainer` packed into the run directory (rewards/byvalue.py)"""
+FLOAT32_MAX = 3.4028234663852886e38
+"""the largest float32: rewards and their weights are float32 (rewards.userfns.combine)"""
 
 
 @dataclass
@@ -33,10 +37,11 @@ class RewardConfig:
     for (false: only the asked style's tag pays, so a stage pulls away from earlier styles)"""
     fn: str = ""
     """reward functions in TRL's convention, comma-separated `package.module:function` or a
-    built-in verifier name; the reward is then their weighted sum alone (empty: the task's
-    verifier plus the format bonus)"""
+    built-in verifier name (`by-value:name`: a function homerl.GRPOTrainer packed into the run
+    directory); the reward is then their weighted sum alone (empty: the task's verifier plus
+    the format bonus)"""
     weights: str = ""
-    """weights of reward.fn's functions, comma-separated (empty: 1 each)"""
+    """weights of reward.fn's functions, comma-separated finite numbers (empty: 1 each)"""
     fn_timeout_s: float = 30.0
     """seconds one reward function may take on one call's completions (then reward 0, counted)"""
     unsandboxed_code: bool = False
@@ -54,6 +59,9 @@ class RewardConfig:
         if self.weights.strip() and len(weights) != len(fns):
             raise ConfigError(f"reward.weights: {len(weights)} weight(s) for {len(fns)} "
                               f"reward function(s) in reward.fn; got {self.weights!r}")
+        if not all(math.isfinite(w) and abs(w) <= FLOAT32_MAX for w in weights):
+            raise ConfigError("reward.weights: must be finite numbers, within +-3.4e38 (a "
+                              f"float32); got {self.weights!r}")
         _choice("reward.overlong", self.overlong, ("keep", "mask", "soft_penalty"))
         _range("reward.overlong_buffer", self.overlong_buffer, 0.0, 1.0, lo_open=True)
 
@@ -100,6 +108,10 @@ class CurriculumConfig:
     """file: prompts split off data_path for evaluation, disjoint by prompt text"""
     heldout_seed: int = 0
     """file: the seed of that split"""
+    prompt_as_is: bool = False
+    """file: each prompt as the dataset holds it (TRL's convention): text is the model's input
+    as it stands, chat messages go through the chat template; no instruction or system
+    message added"""
     stages: str = ""
     """stage list task:level[:steps][@promote], comma-separated (empty: one stage of task/level)"""
     sent: bool = False

@@ -78,6 +78,8 @@ class RolloutBatch:
     """prompts this call was given (skipped ones included)"""
     gen_time_s: float = 0.0
     """wall time of generation + verification on the worker"""
+    score_s: float = 0.0
+    """the part of gen_time_s spent verifying and rewarding the completions"""
     lent_share: float = 0.0
     """share of the call's decode steps run on the learner's idle cores too (core_lease)"""
     load_s: float = 0.0
@@ -116,7 +118,8 @@ class RolloutBatch:
             finish_reasons=list(self.finish_reasons), prompt_index=list(self.prompt_index),
             reward_errors=list(self.reward_errors), answers=list(self.answers),
             sample_texts=list(self.texts[:SAMPLE_ROWS]), version=self.version,
-            num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, worker=self.worker,
+            num_prompts=self.num_prompts, gen_time_s=self.gen_time_s, score_s=self.score_s,
+            worker=self.worker,
             lent_share=self.lent_share, load_s=self.load_s, memory={self.worker: self.memory},
             verifier_memory={self.worker: self.verifier_memory}, skipped=list(self.skipped),
             fn_scores=dict(self.fn_scores), fn_errors=dict(self.fn_errors),
@@ -151,6 +154,8 @@ class RolloutSummary:
     """prompts given, skipped ones included"""
     gen_time_s: float = 0.0
     """worker wall time (the slowest share, after concat)"""
+    score_s: float = 0.0
+    """its verification and reward part (the slowest share's, after concat)"""
     lent_share: float = 0.0
     """share of decode steps run on the learner's idle cores too (the shares' mean)"""
     load_s: float = 0.0
@@ -201,6 +206,7 @@ class RolloutSummary:
             prompt_index=index, reward_errors=join("reward_errors"), answers=join("answers"),
             sample_texts=samples, sample_index=rows, version=min(p.version for p in parts),
             num_prompts=offset, gen_time_s=max(p.gen_time_s for p in parts),
+            score_s=max(p.score_s for p in parts),
             lent_share=float(np.mean([p.lent_share for p in parts])),
             load_s=max((p.load_s for p in parts), default=0.0),
             worker=",".join(p.worker for p in parts),
@@ -218,7 +224,7 @@ class RolloutSummary:
         n = max(len(self.lengths), 1)
         scored = np.asarray(self.rewards)[~np.isnan(self.rewards)]  # reward.fn: NaN unscorable
         out = {
-            M.REWARD_MEAN: float(np.mean(scored)) if len(scored) else 0.0,
+            M.REWARD_MEAN: float(np.mean(scored, dtype=np.float64)) if len(scored) else 0.0,
             M.REWARD_CORRECT: float(np.mean(self.correct)) if len(self.correct) else 0.0,
             M.REWARD_FORMAT: float(np.mean(self.format_score)) if len(self.rewards) else 0.0,
             M.REWARD_STRICT: (float(np.mean(np.asarray(self.correct) * (np.asarray(
@@ -231,6 +237,7 @@ class RolloutSummary:
             M.ROLLOUT_TOKENS_PER_S: self.num_tokens / max(self.gen_time_s, 1e-9),
             M.ROLLOUT_LENT_SHARE: self.lent_share,
             M.WEIGHT_LOAD_S: self.load_s,
+            M.SCORE_S: self.score_s,
             M.ROLLOUT_VERSION: self.version,
             M.ROLLOUT_SKIPPED: len(self.skipped),
             M.REWARD_ERRORS: sum(errors.values()),
@@ -357,6 +364,8 @@ class LearnerStep:
     entropy: float = _metric(M.ENTROPY)
     staleness: int = _metric(M.STALENESS)
     grad_norm: float = _metric(M.GRAD_NORM)
+    skipped_nonfinite: int = _metric(M.LEARNER_SKIPPED_NONFINITE)
+    """updates skipped so far (this one included) because loss or grad norm was not finite"""
     tokens_selected: int = _metric(M.TOKENS_SELECTED)
     tokens_completion: int = _metric(M.TOKENS_COMPLETION)
     active_seqs: int = _metric(M.ACTIVE_SEQS)

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import logging
 import os
 import sys
 import typing
@@ -23,13 +24,14 @@ from launch.rundir.checkpoints import remove_leftovers
 from launch.rundir.ownership import (
     RunBusyError,
     RunLock,
+    flag,
     lock_run,
     mark_run,
     record_history,
     why_not_new,
     why_not_run,
 )
-from launch.rundir.resume import resume_config
+from launch.rundir.resume import given_flags, resume_config
 from launch.rundir.writer import default_run_dir
 
 ALIASES = {
@@ -164,40 +166,69 @@ def unwritable(run_dir: str) -> str | None:
     return None
 
 
+class RunRefused(Exception):
+    """A user error of a run's directory or settings, before anything is written: one line."""
+
+
 def _fail(message: str):
-    print(f"launch.train: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise RunRefused(message)
 
 
-def resolve_run(argv=None) -> tuple[Config, str, bool, dict]:
-    """(config, run dir, resume, {field: [old, new]} a resume changed) from the CLI; with
-    --resume the run's own config.json wins, changed only by the flags in RESUMABLE. Any user
-    error is one line on stderr and exit 2; nothing is written."""
-    cfg, args = parse_config(argv, prog="launch.train", extra=_extra_args)
-    run_dir = (cfg.run.run_dir or default_run_dir()) if args.resume is None else args.resume
+def plan_run(cfg: Config, run_dir: str, resume: bool, given: list[str] | tuple = (),
+             preset: str | None = None, spell=flag) -> tuple[Config, dict]:
+    """The config a run in `run_dir` trains with, and {field: [old, new]} that a resume
+    changed: what every way of starting a run shares (the command line, `homerl.GRPOTrainer`).
+    A new run is `cfg` sized for this machine; a resume is the run's own config.json changed
+    only by the RESUMABLE fields among `given` (the `section.field` names the caller set;
+    `preset` the preset it named). RunRefused (one line, each field spelt by `spell`) for a
+    directory it cannot write, a new run where a run is, a resume where none is, or a change a
+    resume may not make. Nothing is written."""
+    where = spell("resume" if resume else "run.run_dir")
     if (why := unwritable(run_dir)) is not None:  # before any actor starts
-        _fail(f"{'--resume' if args.resume is not None else '--run-dir'} {run_dir}: {why}")
-    if args.resume is None:
-        if (why := why_not_new(run_dir)) is not None:  # never append to a run or a model dir
+        _fail(f"{where} {run_dir}: {why}")
+    if not resume:
+        if (why := why_not_new(run_dir, spell)) is not None:  # never append to a run or a model
             _fail(why)
-        return _sized(cfg, args), run_dir, False, {}
-    if (why := why_not_run(run_dir)) is not None:
+        return _sized(cfg, given, spell), {}
+    if (why := why_not_run(run_dir, spell)) is not None:
         _fail(why)
     try:
-        saved, changes = resume_config(args, cfg)
+        return resume_config(run_dir, cfg, list(given), preset, spell)
     except ConfigError as e:
         _fail(str(e))
-    return saved, run_dir, True, changes
 
 
-def _sized(cfg: Config, args: argparse.Namespace) -> Config:
+def resolve_run(argv=None, prog: str = "launch.train", extra=None, resumable: bool = True
+                ) -> tuple[Config, str, bool, dict, argparse.Namespace]:
+    """(config, run dir, resume, {field: [old, new]} a resume changed, parsed flags) from the
+    command line of entry point `prog` (`extra(parser)` adds its own flags): `plan_run` of the
+    flags. Any user error is one line on stderr and exit 2; nothing is written."""
+    def flags(parser):
+        _extra_args(parser)
+        if extra is not None:
+            extra(parser)
+
+    cfg, args = parse_config(argv, prog=prog, extra=flags)
+    resume = args.resume is not None
+    run_dir = args.resume if resume else (cfg.run.run_dir or default_run_dir())
+    try:
+        if resume and not resumable:
+            _fail(f"--resume: {prog} starts a run from its first step; continue a run with "
+                  "python -m launch.train --resume RUN_DIR")
+        cfg, changes = plan_run(cfg, run_dir, resume, given_flags(args), args.preset)
+    except RunRefused as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg, run_dir, resume, changes, args
+
+
+def _sized(cfg: Config, given, spell) -> Config:
     """`cfg` sized for the machine (launch/plan/sizing.py), saying how in one log line; a split
-    given by hand wins over the preset's sizing, and together with --cores is one error line."""
-    import logging
-
-    hand = [f"--{f}" for f in SPLIT_FLAGS if getattr(args, f, None) is not None]
-    if hand and getattr(args, "run.cores", None) not in (None, "0"):
-        _fail(f"--cores sizes the run; it cannot be given with {', '.join(hand)} (use one)")
+    given by hand wins over the preset's sizing, and together with run.cores is one error line."""
+    hand = [spell(f) for f in SPLIT_FLAGS if f in given]
+    if hand and "run.cores" in given and cfg.run.cores != 0:
+        _fail(f"{spell('run.cores')} sizes the run; it cannot be given with {', '.join(hand)} "
+              "(use one)")
     if hand:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cores=0))
     try:
@@ -209,11 +240,12 @@ def _sized(cfg: Config, args: argparse.Namespace) -> Config:
     return cfg
 
 
-def open_run(argv=None) -> tuple[Config, str, bool, RunLock]:
-    """`resolve_run`, then the run directory marked as a run and locked for this driver (a live
-    driver already on it: one line naming it, exit 2), leftovers of killed writers removed, and
-    the start or resume (with what it changed) added to its config history."""
-    cfg, run_dir, resume, changes = resolve_run(argv)
+def claim_run(run_dir: str, resume: bool, changes: dict, argv: list[str],
+              spell=flag) -> RunLock:
+    """Take `run_dir` for this driver: marked as a run and locked (a live driver already on
+    it: RunRefused naming it), leftovers of killed writers removed, the start or resume (with
+    what it changed, and `argv`, what asked for it) added to its config history. What every
+    way of starting a run calls after `plan_run`; the caller releases the lock."""
     created = not os.path.exists(run_dir)
     try:
         mark_run(run_dir)
@@ -223,10 +255,27 @@ def open_run(argv=None) -> tuple[Config, str, bool, RunLock]:
         _fail(str(e))
     except OSError as e:
         _fail(f"{run_dir}: {e}")
-    if not resume and (why := why_not_new(run_dir)) is not None:  # trained while we waited
+    if not resume and (why := why_not_new(run_dir, spell)) is not None:  # trained meanwhile
         lock.release()
         _fail(why)
     remove_leftovers(run_dir)
-    record_history(run_dir, "resume" if resume else "start",
-                   list(sys.argv[1:] if argv is None else argv), changes)
-    return cfg, run_dir, resume, lock
+    try:
+        record_history(run_dir, "resume" if resume else "start", argv, changes)
+    except OSError as e:
+        lock.release()
+        _fail(str(e))
+    return lock
+
+
+def open_run(argv=None, prog: str = "launch.train", extra=None, resumable: bool = True
+             ) -> tuple[Config, str, bool, RunLock, argparse.Namespace]:
+    """What every entry point that writes a run directory calls first (`python -m
+    launch.train`, `python -m launch.demo`): `resolve_run`, then `claim_run`. Returns (config,
+    run dir, resume, the lock, the parsed flags); a user error is one line and exit 2."""
+    cfg, run_dir, resume, changes, args = resolve_run(argv, prog, extra, resumable)
+    try:
+        lock = claim_run(run_dir, resume, changes, list(sys.argv[1:] if argv is None else argv))
+    except RunRefused as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg, run_dir, resume, lock, args

@@ -28,11 +28,10 @@ import sys
 import time
 
 from common.models import resolve_model
-from launch.cli import parse_config
+from launch.cli import open_run
 from launch.console import QuietConsole
 from launch.driver.trainer import Trainer
 from launch.evaluate.on_workers import evaluate_on_pool
-from launch.rundir.writer import default_run_dir
 from tasks.file_task import FileOptions
 from tasks.registry import make_task
 
@@ -150,12 +149,17 @@ def add_flags(parser) -> None:
 
 def main(argv=None) -> int:
     t0 = time.perf_counter()
-    cfg, args = parse_config(argv, prog="launch.demo", extra=add_flags)
-    run_dir = cfg.run.run_dir or default_run_dir()
+    # the run directory is opened as launch.train opens it: a new or empty one, locked for
+    # this driver, its start in the config history (one line and exit 2 otherwise)
+    cfg, run_dir, _, lock, args = open_run(argv, prog="launch.demo", extra=add_flags,
+                                           resumable=False)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:
-        return demo(cfg, run_dir, console, t0)
+    try:
+        with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:
+            return demo(cfg, run_dir, console, t0)
+    finally:
+        lock.release()
 
 
 def demo(cfg, run_dir: str, console: QuietConsole, t0: float) -> int:

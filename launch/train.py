@@ -23,8 +23,6 @@ import json
 import logging
 import sys
 
-from tasks import DatasetError
-
 from common.config import Config, ConfigError
 from common.device import DeviceError
 from common.models import ModelNotFoundError
@@ -36,11 +34,12 @@ from launch.driver.pool import WeightSyncError
 from launch.driver.supervise import LearnerLostError, run_supervised
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.ownership import remove_if_untouched
+from tasks import DatasetError
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg, run_dir, resume, lock = open_run(argv)  # one line and exit 2 on a user error
+    cfg, run_dir, resume, lock, _ = open_run(argv)  # one line and exit 2 on a user error
     rc = 1
     try:
         rc = _drive(cfg, run_dir, resume)

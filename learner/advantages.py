@@ -49,7 +49,7 @@ def _centered_nan(r: np.ndarray, scale: str, eps: float) -> np.ndarray:
     if scale == "std":
         var = (centered ** 2).sum(axis=1, keepdims=True) / np.maximum(n - STD_CORRECTION, 1)
         centered = centered / (np.sqrt(var) + eps)
-    return centered.astype(r.dtype)
+    return centered
 
 
 def group_advantages(rewards, scale: str = "std", eps: float = 1e-4) -> np.ndarray:
@@ -61,7 +61,8 @@ def group_advantages(rewards, scale: str = "std", eps: float = 1e-4) -> np.ndarr
     """
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale={scale!r} is not supported; allowed values: {ADVANTAGE_SCALES}")
-    r = _rows(rewards)
+    given = _rows(rewards)
+    r = given.astype(np.float64)  # a float32 sum or difference of rewards near 3e38 overflows
     if np.isnan(r).any():  # unscorable completions (reward.fn)
         centered = _centered_nan(r, scale, eps)                                    # (B, G)
     else:
@@ -69,7 +70,8 @@ def group_advantages(rewards, scale: str = "std", eps: float = 1e-4) -> np.ndarr
         if scale == "std" and r.shape[1] > 1:  # G == 1: std undefined, the row is flat anyway
             centered = centered / (r.std(axis=1, keepdims=True, ddof=STD_CORRECTION) + eps)
     # mean() of identical floats can round away from the value itself: force exact zeros
-    return np.where(_all_equal_rows(r)[:, None], np.zeros_like(centered), centered)
+    flat = _all_equal_rows(r)[:, None]
+    return np.where(flat, 0.0, centered).astype(given.dtype)
 
 
 def zero_std_fraction(rewards) -> float:

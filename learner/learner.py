@@ -5,11 +5,18 @@ A plain class (tests build it without Ray); `launch/train.py` runs it as a Ray a
 
     python -c "from learner.learner import Learner; from common.presets import get_preset; \
                Learner(get_preset('tiny'))"
+
+A step whose loss or gradient norm is not finite (NaN or huge advantages) is skipped: its
+gradients are dropped, the optimizer does not step, and the weights version stays where it was
+(a version names one set of weights: the driver pushes weights only when the version grows, so
+nothing is exported or reloaded for a skipped step); `learner/skipped_nonfinite` counts them,
+and a warning says so. `save` refuses a state that is not finite, so no checkpoint holds a NaN.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 
@@ -47,12 +54,27 @@ from learner.model import (
 CKPT = "learner"
 """file stem of the learner's part of a checkpoint (learner.safetensors + learner.json)"""
 
+log = logging.getLogger("homerl.learner")
+
 
 def _pad(rows: list, fill: float, width: int, dtype) -> torch.Tensor:
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.as_tensor(np.array(r), dtype=dtype)  # copy: Ray arrays are RO
     return out
+
+
+def _not_finite(tensors: dict) -> str | None:
+    """The name of the first floating-point tensor (torch or numpy) holding a NaN or inf."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            bad = t.is_floating_point() and not bool(torch.isfinite(t).all())
+        else:  # numpy (the kept batches' arrays)
+            t = np.asarray(t)
+            bad = np.issubdtype(t.dtype, np.floating) and not np.isfinite(t).all()
+        if bad:
+            return name
+    return None
 
 
 class Learner:
@@ -78,6 +100,8 @@ class Learner:
         self.opt = torch.optim.AdamW(self.params.values(), lr=cfg.grpo.lr,
                                      weight_decay=cfg.grpo.weight_decay)
         self.version = 0
+        self.skipped_nonfinite = 0
+        """updates skipped so far because their loss or gradient norm was not finite"""
         self.fisher: dict[str, torch.Tensor] = {}
         self.anchor: dict[str, torch.Tensor] = {}
         self.recent: collections.deque[TrainBatch] = collections.deque(
@@ -150,8 +174,11 @@ class Learner:
         """One GRPO update on a step's rollouts (the workers' shares, in order; Ray resolves
         their ObjectRefs, so they come straight from the object store) and the driver's plan."""
         batch = TrainBatch.from_rollouts(plan, list(batches))
-        self.recent.append(batch)
-        return self.train_on(batch)
+        skipped = self.skipped_nonfinite
+        step = self.train_on(batch)
+        if self.skipped_nonfinite == skipped:  # trained on: a batch for the next EWC Fisher
+            self.recent.append(batch)
+        return step
 
     def _lease(self) -> Lease | NoLease:
         """Core sharing with the CPU rollout workers of this node (common/core_lease.py): this
@@ -180,13 +207,41 @@ class Learner:
         old_logp = _pad(batch.old_logp, 0.0, T, torch.float32)                # (N, T)
         adv = torch.tensor(batch.advantages, dtype=torch.float32)               # (N,)
         sel = losses.entropy_topk_mask(entropy, mask, g.entropy_rho)            # (N, T)
+        # With no KL term a zero-advantage sequence has zero gradient: skip its forward pass.
+        kl_on = g.beta > 0 or (self.cfg.ewc.anchor_kl > 0 and bool(self.anchor))
+        active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or kl_on)]
+        stats, kl_anchor, terms = self._backward(batch, active, sel, mask, old_logp, adv)
+        if not active:  # nothing trains: still measure learner vs behaviour log-probs
+            stats = self._probe_logp(batch, sel, old_logp)
+        ewc_loss = self._ewc_backward()
+        staleness = self.version - batch.version if batch.version >= 0 else 0
+        grad_norm = self._clip_and_step([*terms, ewc_loss])
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # the activations' blocks go back to the shared card
+        release_free_memory()  # and on the CPU, the freed activations go back to the OS
+        m, mem = stats.means(), footprint()
+        return LearnerStep(
+            loss_policy=m.policy, loss_kl=m.kl, loss_ewc=ewc_loss, loss_anchor_kl=kl_anchor,
+            clip_frac=m.clip_frac, clip_frac_low=m.clip_frac_low,
+            clip_frac_high=m.clip_frac_high, dual_clip_frac=m.dual_clip_frac,
+            ratio_mean=m.ratio_mean, approx_kl=m.approx_kl, logp_diff=m.logp_diff,
+            logp_diff_max=m.logp_diff_max,
+            entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)),
+            staleness=staleness, grad_norm=grad_norm, skipped_nonfinite=self.skipped_nonfinite,
+            tokens_selected=int(sel.sum()), tokens_completion=int(mask.sum()),
+            active_seqs=len(active), compute_s=time.perf_counter() - t0, version=self.version,
+            rss_gb=mem.rss_gb, pss_gb=mem.pss_gb, peak_gb=mem.peak_gb)
+
+    def _backward(self, batch: TrainBatch, active: list[int], sel: torch.Tensor,
+                  mask: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor
+                  ) -> tuple[losses.LossStats, float, list[float]]:
+        """The step's loss backpropagated over the `active` sequences, a micro-batch at a time:
+        (LossStats, the summed anchor-KL, each micro-batch's loss as a float)."""
+        g = self.cfg.grpo
         # Normalised over the whole step, so micro-batching leaves the loss unchanged.
         weights = losses.loss_weights(sel, mask, g.loss_agg, self.cfg.rollout.max_new_tokens)
         anchored = self.cfg.ewc.anchor_kl > 0 and bool(self.anchor)
-        # With no KL term a zero-advantage sequence has zero gradient: skip its forward pass.
-        kl_on = g.beta > 0 or anchored
-        active = [i for i in range(len(adv)) if sel[i].any() and (adv[i] != 0 or kl_on)]
-        stats, kl_anchor = losses.LossStats(), 0.0
+        stats, kl_anchor, terms = losses.LossStats(), 0.0, []
         for idx in self._micro_batches(batch, active):
             self.lease.pick()  # the cores of this node's waiting rollout workers too
             # before the forward that backward() needs: the anchor's swap writes the params
@@ -203,28 +258,9 @@ class Learner:
                 kl_anchor += float(kl.detach())
             self.lease.pick()  # the backward is ~2/3 of a micro-batch: check again
             loss.backward()
+            terms.append(float(loss.detach()))
             stats = stats + part
-        if not active:  # nothing trains: still measure learner vs behaviour log-probs
-            stats = self._probe_logp(batch, sel, old_logp)
-        ewc_loss = self._ewc_backward()
-        grad_norm = self._clip_and_step()
-        self.version += 1
-        if self.device == "cuda":
-            torch.cuda.empty_cache()  # the activations' blocks go back to the shared card
-        release_free_memory()  # and on the CPU, the freed activations go back to the OS
-        m, mem = stats.means(), footprint()
-        return LearnerStep(
-            loss_policy=m.policy, loss_kl=m.kl, loss_ewc=ewc_loss, loss_anchor_kl=kl_anchor,
-            clip_frac=m.clip_frac, clip_frac_low=m.clip_frac_low,
-            clip_frac_high=m.clip_frac_high, dual_clip_frac=m.dual_clip_frac,
-            ratio_mean=m.ratio_mean, approx_kl=m.approx_kl, logp_diff=m.logp_diff,
-            logp_diff_max=m.logp_diff_max,
-            entropy=float((entropy * mask).sum() / mask.sum().clamp(min=1)),
-            staleness=self.version - 1 - batch.version if batch.version >= 0 else 0,
-            grad_norm=grad_norm, tokens_selected=int(sel.sum()),
-            tokens_completion=int(mask.sum()), active_seqs=len(active),
-            compute_s=time.perf_counter() - t0, version=self.version,
-            rss_gb=mem.rss_gb, pss_gb=mem.pss_gb, peak_gb=mem.peak_gb)
+        return stats, kl_anchor, terms
 
     @torch.no_grad()
     def _probe_logp(self, batch: TrainBatch, sel: torch.Tensor, old_logp: torch.Tensor):
@@ -266,13 +302,24 @@ class Learner:
         penalty.backward()
         return float(penalty.detach())
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, terms: list[float]) -> float:
+        """Clip the gradients and step, unless a loss term (`terms`) or the gradient norm is
+        not finite: then the gradients are dropped, nothing steps, the version stays and the
+        skip is counted and logged. Returns the gradient norm (before clipping)."""
         params = list(self.params.values())
         max_norm = self.cfg.grpo.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.opt.step()
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if losses.update_is_finite(terms, norm):
+            self.opt.step()
+            self.version += 1
+        else:
+            self.skipped_nonfinite += 1
+            log.warning("learner: update skipped, its loss or gradient norm is not finite "
+                        "(loss terms %s, grad norm %g): weights, optimizer and version %d "
+                        "unchanged (learner/skipped_nonfinite=%d)",
+                        [f"{t:g}" for t in terms], norm, self.version, self.skipped_nonfinite)
         self.opt.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     # ---- EWC -----------------------------------------------------------------------------
     def consolidate(self, batches: list[TrainBatch] | None = None) -> dict:
@@ -326,7 +373,9 @@ class Learner:
     def save(self, path: str) -> None:
         """Everything needed to resume bit-for-bit, as plain state (written into `path`):
         trainable tensors, optimizer state, EWC Fisher and anchor, the batches kept for the
-        next Fisher, and RNG states."""
+        next Fisher, and RNG states. A state holding a NaN or inf is refused, nothing written:
+        a one-line CheckpointError naming the tensor (the driver then keeps the previous
+        checkpoint, the last finite state, and follows run.checkpoint_fail_policy)."""
         tensors, meta = rng_state()
         opt_tensors, opt_meta = optimizer_state(self.opt.state_dict())
         tensors.update(opt_tensors)
@@ -338,9 +387,13 @@ class Learner:
             t, m = train_batch_to_state(f"recent.{i}", b)
             tensors.update(t)
             recent.append(m)
+        bad = _not_finite(tensors)
+        if bad is not None:
+            raise CheckpointError(f"{path}: {bad} is not finite (NaN or inf); the learner's "
+                                  "state is not written")
         meta.update(version=self.version, opt=opt_meta, recent=recent,
                     fisher=sorted(self.fisher), anchor=sorted(self.anchor),
-                    params=sorted(self.params))
+                    params=sorted(self.params), skipped_nonfinite=self.skipped_nonfinite)
         save_state(path, CKPT, tensors, meta)
 
     def load(self, path: str) -> int:
@@ -354,6 +407,7 @@ class Learner:
                 p.copy_(tensors[f"param.{n}"])
         self.opt.load_state_dict(optimizer_state_dict(tensors, meta["opt"]))
         self.version = meta["version"]
+        self.skipped_nonfinite = meta.get("skipped_nonfinite", 0)  # older checkpoints: none
         self.fisher = {n: tensors[f"fisher.{n}"] for n in meta["fisher"]}
         self.anchor = {n: tensors[f"anchor.{n}"] for n in meta.get("anchor", meta["fisher"])}
         self.recent.clear()

@@ -226,6 +226,13 @@ def entropy_topk_mask(entropy: Tensor, mask: Tensor, rho: float) -> Tensor:
 # --------------------------------------------------------------------------- diagnostics
 
 
+def update_is_finite(terms: list[float], grad_norm: float) -> bool:
+    """May a step's update be applied: every loss term it backpropagated (each micro-batch's,
+    EWC's) and its gradient norm finite? A NaN or inf there (NaN or huge advantages) would
+    write NaN into every weight the optimizer touches, and its moments."""
+    return all(math.isfinite(x) for x in terms) and math.isfinite(grad_norm)
+
+
 @dataclass
 class LossStats:
     """Sums over the selected tokens of one micro-batch; `+` adds micro-batches of a step.

@@ -3,10 +3,14 @@ built-in verifier by name) scores the call's N completions in the verifier proce
 reward is their weighted sum (`rewards.userfns.combine`).
 
 - A user's function is called once per rollout call (`VerifierPool.call_fn`), with the deadline
-  `reward.fn_timeout_s`. A call that raises, overruns, runs out of memory or returns something
-  else than one number (or None) per completion gives that function reward 0 on the call's
-  completions, counted under its error code once per completion (`reward/error_<code>`); the
-  first failure of each function is logged in the worker's log with its traceback.
+  `reward.fn_timeout_s`. A call that raises (its generator too), overruns, runs out of memory
+  or returns something else than one number (or None) per completion, finite as a float32,
+  gives that function reward 0 on the call's completions, counted under its error code once
+  per completion (`reward/error_<code>`); the first failure of each function is logged in the
+  worker's log with its traceback.
+- A completion whose weighted sum is not finite (float32 overflow of weight x reward) gets
+  reward 0, counted as fn_bad_output once; the first is logged. No reward leaves here as inf,
+  and NaN only for an unscorable completion.
 - A built-in verifier named in `reward.fn` scores 0/1 against each sample's reference, with the
   answer style it asks for; None (not applicable) for a sample without a reference. Where the
   sample's own verifier is that one, its result is reused.
@@ -26,15 +30,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.validate import ConfigError
-from rewards.result import RewardResult
+from rewards.result import FN_BAD_OUTPUT, RewardResult
 from rewards.sandbox.pool import VerifierPool
-from rewards.userfns import FnOutcome, TrainerState, batch_kwargs, combine, fn_names
+from rewards.userfns import (
+    FnOutcome,
+    TrainerState,
+    batch_kwargs,
+    combine,
+    fn_names,
+    overflowed,
+)
 from rewards.verifiers.registry import VERIFIERS
 
 log = logging.getLogger("homerl.rewards")
 
 NO_REFERENCE = RewardResult(0.0, 0.0, None, None)
 """the result of a sample with no reference: nothing to check, no error"""
+SUM = "<weighted sum>"
+"""`RewardFns.reported`'s entry for a weighted sum that was not finite (not a function name)"""
 
 
 @dataclass(frozen=True)
@@ -88,19 +101,24 @@ def builtin_scores(pool, name: str, samples: list[dict], texts: list[str],
 class RewardFns:
     """`reward.fn` of one rollout worker: its functions, weights and the failures it logged."""
 
-    def __init__(self, specs: list[str], weights: list[float], timeout_s: float):
+    def __init__(self, specs: list[str], weights: list[float], timeout_s: float,
+                 code: dict[str, bytes] | None = None):
+        """`code`: {spec: packed bytes} of the `by-value:` specs (rewards/byvalue.py)."""
         if len(specs) != len(weights) or not specs:
             raise ValueError(f"{len(specs)} reward functions and {len(weights)} weights")
         self.specs, self.weights, self.timeout_s = list(specs), list(weights), timeout_s
+        self.code = dict(code or {})
         self.names = fn_names(self.specs)
         self.reported: set[str] = set()
         """functions whose first failure is logged (each one's is logged once)"""
 
     @classmethod
-    def of(cls, reward_cfg) -> RewardFns | None:
-        """The functions of a `RewardConfig`; None without `reward.fn` (verifier rewards)."""
+    def of(cls, reward_cfg, code: dict[str, bytes] | None = None) -> RewardFns | None:
+        """The functions of a `RewardConfig` (`code`: the packed bytes of its `by-value:`
+        specs); None without `reward.fn` (verifier rewards)."""
         specs = reward_cfg.fns()
-        return cls(specs, reward_cfg.fn_weights(), reward_cfg.fn_timeout_s) if specs else None
+        return (cls(specs, reward_cfg.fn_weights(), reward_cfg.fn_timeout_s, code)
+                if specs else None)
 
     def score(self, pool, samples: list[dict], texts: list[str], completion_ids: list,
               verified: list[RewardResult], state: TrainerState,
@@ -116,7 +134,7 @@ class RewardFns:
                 per_fn[name] = builtin_scores(pool, spec, samples, texts, verified,
                                               verify_timeout_s)
                 continue
-            outcome = pool.call_fn(spec, kwargs, self.timeout_s)
+            outcome = pool.call_fn(spec, kwargs, self.timeout_s, self.code.get(spec))
             if outcome.error:
                 self._report(name, spec, outcome, len(texts))
                 errors[outcome.error] = errors.get(outcome.error, 0) + len(texts)
@@ -125,7 +143,23 @@ class RewardFns:
                 logged.setdefault(key, []).extend(values)
         table = np.array([[np.nan if v is None else v for v in col] for col in per_fn.values()],
                          dtype=np.float32).reshape(len(per_fn), len(texts)).T         # (N, F)
-        return FnScores(combine(table, self.weights), per_fn, errors, logged)
+        rewards = combine(table, self.weights)                                          # (N,)
+        bad = overflowed(table, rewards)                                                # (N,)
+        if bad.any():  # each function's rewards are finite (as_scores), their sum is not
+            rewards = np.where(bad, np.float32(0.0), rewards)
+            errors[FN_BAD_OUTPUT] = errors.get(FN_BAD_OUTPUT, 0) + int(bad.sum())
+            self._report_overflow(int(bad.sum()), len(texts))
+        return FnScores(rewards, per_fn, errors, logged)
+
+    def _report_overflow(self, k: int, n: int) -> None:
+        """Log the first weighted sum that is not finite; later ones are only counted."""
+        if SUM in self.reported:
+            return
+        self.reported.add(SUM)
+        log.warning("the weighted sum of reward.fn's rewards is not finite as a float32 for %d "
+                    "of %d completions (reward.weights %s too large for these rewards?): they "
+                    "get 0, counted as reward/error_%s (later ones are only counted)", k, n,
+                    ",".join(f"{w:g}" for w in self.weights), FN_BAD_OUTPUT)
 
     def _report(self, name: str, spec: str, outcome: FnOutcome, n: int) -> None:
         """Log a function's first failure, with its traceback; later ones are only counted."""
@@ -138,17 +172,18 @@ class RewardFns:
                     "\n" + outcome.trace.rstrip() if outcome.trace else "")
 
 
-def check_reward_fns(reward_cfg) -> None:
-    """ConfigError, one line, naming each `reward.fn` spec that cannot be imported or names no
-    function: checked in a throwaway verifier process (this process never imports user code),
-    with the call's time limit for the import."""
+def check_reward_fns(reward_cfg, code: dict[str, bytes] | None = None) -> None:
+    """ConfigError, one line, naming each `reward.fn` spec that cannot be imported (or, for a
+    `by-value:` one, unpacked from `code`) or names no function: checked in a throwaway
+    verifier process (this process never imports user code), with the call's time limit for
+    the import."""
     specs = [s for s in reward_cfg.fns() if s not in VERIFIERS]
     if not specs:
         return
-    bad = []
+    bad, code = [], code or {}
     with VerifierPool() as pool:
         for spec in specs:
-            outcome = pool.call_fn(spec, None, reward_cfg.fn_timeout_s)
+            outcome = pool.call_fn(spec, None, reward_cfg.fn_timeout_s, code.get(spec))
             if outcome.error:
                 bad.append(f"{spec}: {outcome.why}")
     if bad:

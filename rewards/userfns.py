@@ -26,8 +26,11 @@ share of a step: N completions, G per prompt, prompt-major) with keyword argumen
                     `reward/logged/<name>`
     log_extra       log_extra(column, values): accepted and ignored
 
-It returns one reward per completion: a number, or None where it does not apply (NaN). Anything
-else (the wrong length, text, infinities) is `fn_bad_output`.
+It returns one reward per completion (a list, or any iterable: a generator is consumed in the
+call, so what it raises is the function's `fn_error`): a number, or None where it does not apply
+(NaN). Anything else (the wrong length, text, a value that is not finite as a float32, the
+rewards' dtype: inf, 1e39) is `fn_bad_output`. A weighted sum that is not finite (float32
+overflow of weight x reward) is caught after `combine` (`overflowed`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rewards.byvalue import digest, is_by_value, unpack
 from rewards.result import FN_BAD_OUTPUT, FN_ERROR
 
 RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra",
@@ -71,6 +75,8 @@ class FnCall:
 
     spec: str
     kwargs: dict | None
+    code: bytes | None = None
+    """a `by-value:` function's packed bytes (`rewards.byvalue`); None: import `spec`"""
 
 
 @dataclass(frozen=True)
@@ -101,10 +107,15 @@ _LOADED: dict[str, object] = {}
 """the functions this process has imported, by spec"""
 
 
-def load_fn(spec: str):
+def load_fn(spec: str, code: bytes | None = None):
     """The callable named by `spec` ("package.module:function"), imported once per process with
-    the current working directory on sys.path (last: it never shadows an installed package).
-    LoadError saying why in one line."""
+    the current working directory on sys.path (last: it never shadows an installed package);
+    with `code`, the function packed in those bytes (`rewards.byvalue`), unpacked once per
+    process. LoadError saying why in one line."""
+    if code is not None:
+        return _unpacked(spec, code)
+    if is_by_value(spec):
+        raise LoadError(f"{spec}: its packed bytes did not reach the verifier process")
     if spec in _LOADED:
         return _LOADED[spec]
     module_name, _, attr = spec.partition(":")
@@ -130,10 +141,32 @@ def load_fn(spec: str):
     return fn
 
 
+def _unpacked(spec: str, code: bytes):
+    """The function packed in `code`, cached by its digest (a resumed run may pack new code
+    under the same name)."""
+    key = f"{spec}@{digest(code)}"
+    if key not in _LOADED:
+        try:
+            fn = unpack(code)
+        except Exception as e:  # noqa: BLE001 - a module it needs may be missing here
+            raise LoadError(f"unpacking {spec} failed: {one_line(e)}") from e
+        if not callable(fn):
+            raise LoadError(f"{spec} is a {type(fn).__name__}, not a function")
+        _LOADED[key] = fn
+    return _LOADED[key]
+
+
 def one_line(e: BaseException) -> str:
     """`Type: first line of the message` of an exception."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def float32(value: float) -> float:
+    """`value` as the rewards' float32 holds it (inf beyond +-3.4e38), without numpy's
+    overflow warning."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
 
 
 def run_call(call: FnCall) -> FnOutcome:
@@ -141,7 +174,7 @@ def run_call(call: FnCall) -> FnOutcome:
     process). Every fault of the function is an outcome, never an exception, but MemoryError,
     which the verifier process handles (it is replaced)."""
     try:
-        fn = load_fn(call.spec)
+        fn = load_fn(call.spec, call.code)
     except LoadError as e:
         return failed(FN_ERROR, str(e), traceback.format_exc())
     if call.kwargs is None:
@@ -156,15 +189,15 @@ def run_call(call: FnCall) -> FnOutcome:
     def log_extra(column: str, values: list) -> None:  # TRL's completions table: none here
         return None
 
-    try:
+    try:  # all of the user's code: the call, its coroutine, its generator, its numbers
         out = fn(**call.kwargs, log_metric=log_metric, log_extra=log_extra)
         if inspect.iscoroutine(out):  # an async reward function, as TRL allows
             out = asyncio.run(out)
+        scores, why = as_scores(out, len(call.kwargs["completions"]))
     except MemoryError:
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code: reward 0, counted
         return failed(FN_ERROR, one_line(e), traceback.format_exc())
-    scores, why = as_scores(out, len(call.kwargs["completions"]))
     if scores is None:
         return failed(FN_BAD_OUTPUT, why)
     return FnOutcome(scores, logged=dict(logged))
@@ -172,13 +205,16 @@ def run_call(call: FnCall) -> FnOutcome:
 
 def as_scores(out: object, n: int) -> tuple[list[float | None] | None, str]:
     """(n,) rewards of a function's output: numbers (bools, numpy and 0-d tensors too) as
-    floats, None and NaN as None; (None, why) for anything else."""
+    floats, None and NaN as None; (None, why) for anything else, a number that is not finite
+    as a float32 included. What the output's own code raises (a generator's) propagates: the
+    caller makes it the function's fn_error."""
     try:
-        items = None if isinstance(out, (str, bytes, dict)) else list(out)  # type: ignore
+        it = None if isinstance(out, (str, bytes, dict)) else iter(out)  # type: ignore
     except TypeError:  # not iterable (a number, a 0-d array)
-        items = None
-    if items is None:
+        it = None
+    if it is None:
         return None, f"returned a {type(out).__name__}, not a list of rewards"
+    items = list(it)  # outside the try: a generator's TypeError is its own, not "not iterable"
     if len(items) != n:
         return None, f"returned {len(items)} rewards for {n} completions"
     scores: list[float | None] = []
@@ -191,6 +227,8 @@ def as_scores(out: object, n: int) -> tuple[list[float | None] | None, str]:
             return None, f"reward {i} is a {type(x).__name__}, not a number or None"
         if value is not None and math.isinf(value):
             return None, f"reward {i} is {value}"
+        if value is not None and math.isinf(float32(value)):  # finite as a float64 only
+            return None, f"reward {i} is {value:g}, not finite as a float32 (the rewards' dtype)"
         scores.append(None if value is None or math.isnan(value) else value)
     return scores, ""
 
@@ -234,8 +272,18 @@ def fn_names(specs: list[str]) -> list[str]:
 def combine(scores: np.ndarray, weights: list[float]) -> np.ndarray:
     """(N, F) rewards of F functions (NaN: not applicable) and their (F,) weights -> (N,)
     weighted sums over the applicable ones (TRL's nansum); NaN where no function applied (an
-    unscorable completion: `learner.advantages` leaves it out of its group's baseline)."""
+    unscorable completion: `learner.advantages` leaves it out of its group's baseline). A sum
+    that overflows float32 is inf or NaN here: `overflowed` tells it from an unscorable one."""
     s = np.asarray(scores, dtype=np.float32).reshape(len(scores), len(weights))   # (N, F)
     w = np.asarray(weights, dtype=np.float32)                                        # (F,)
-    total = np.nansum(s * w[None, :], axis=1)                                        # (N,)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: `overflowed` finds it
+        total = np.nansum(s * w[None, :], axis=1)                                    # (N,)
     return np.where(np.isnan(s).all(axis=1), np.float32(np.nan), total).astype(np.float32)
+
+
+def overflowed(scores: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """(N,) bool: the `combine` sums of (N, F) `scores` that are not finite although some
+    function applied (float32 overflow of weight x reward, or inf - inf): not the NaN of an
+    unscorable completion, a bad output (the caller gives it 0, counted as fn_bad_output)."""
+    applied = ~np.isnan(np.asarray(scores, dtype=np.float32)).all(axis=1)            # (N,)
+    return applied & ~np.isfinite(np.asarray(totals, dtype=np.float32))             # (N,)

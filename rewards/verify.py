@@ -1,19 +1,27 @@
-"""Command line scorer: ``python -m rewards.verify FILE.jsonl [--preset NAME] [--timeout 2.0]``.
+"""Command line scorer: ``python -m rewards.verify FILE.jsonl [--verifier NAME] [--preset NAME]
+[--timeout 2.0]``.
 
 Each input line is ``{"completion": str, "answer": str}``, optionally with the ``"question"``
-it answers ("-" reads stdin). Prints one JSON line per input line, in order::
+it answers ("-" reads stdin). ``--verifier`` picks the built-in verifier that scores them
+(`rewards.verifiers.registry`: numeric, the default, exact, choice, regex, python-tests), so a
+dataset's references and sample replies can be checked before training. Prints one JSON line
+per input line, in order::
 
     {"line": 3, "score": 1.0, "format_score": 1.0, "parsed": "72", "error": null,
      "working_valid": true, "reward": 1.5}
 
-``reward`` is what a run of the preset (default ``cpu-demo``) pays the completion on a numeric
-task: correct + format_weight x the format bonus, the bonus after valid working only where the
-preset asks for it (`rewards.shaping`, `rewards.working`: with the question, working copied
-from it is recognised), for right answers only where it asks for that
-(``reward.format_if_correct``; a ``reward.format_gate_steps`` gate is taken as passed).
+``working_valid`` and ``reward`` come with ``numeric`` only: ``reward`` is what a run of the
+preset (default ``cpu-demo``) pays the completion on a numeric task: correct + format_weight x
+the format bonus, the bonus after valid working only where the preset asks for it
+(`rewards.shaping`, `rewards.working`: with the question, working copied from it is
+recognised), for right answers only where it asks for that (``reward.format_if_correct``; a
+``reward.format_gate_steps`` gate is taken as passed). ``python-tests`` runs each reply's code
+against the answer's tests, isolated, exactly as in training (where the code cannot be
+isolated each line gets ``no_sandbox``); its per-item limit is its own where longer.
 
 A malformed input line yields ``"error": "bad_input_line"`` with a "detail" and
-scoring continues. An unreadable file prints one line on stderr and exits 2.
+scoring continues. An unreadable file or an unknown verifier prints one line on stderr and
+exits 2.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import numpy as np
 from common.presets import PRESETS, get_preset
 from rewards.sandbox.pool import VerifierPool
 from rewards.shaping import combine, format_bonus
+from rewards.verifiers.registry import VERIFIERS
 from rewards.working import working_valid
 
 BAD_INPUT_LINE = "bad_input_line"
@@ -93,11 +102,16 @@ def paid(results: list, good: list[Item], reward_cfg, format_weight: float) -> l
     return combine(correct, bonus, format_weight, reward_cfg.format_if_correct).tolist()
 
 
-def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float, cfg) -> None:
-    """Score the good lines of `chunk` and print every line's outcome in order."""
+def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float, cfg,
+                 verifier: str = "numeric") -> None:
+    """Score the good lines of `chunk` with `verifier` and print every line's outcome in
+    order (numeric: with the working check and the preset's reward)."""
     good = [item for _, item, _ in chunk if item is not None]
-    scored = pool.score([c for c, _, _ in good], [a for _, a, _ in good], timeout_s=timeout_s)
-    rewards = iter(paid(scored, good, cfg.reward, cfg.rollout.format_weight) if good else [])
+    scored = pool.score([c for c, _, _ in good], [a for _, a, _ in good], timeout_s=timeout_s,
+                        verifiers=[verifier] * len(good))
+    numeric = verifier == "numeric"
+    rewards = iter(paid(scored, good, cfg.reward, cfg.rollout.format_weight)
+                   if good and numeric else [])
     results, items = iter(scored), iter(good)
     for lineno, item, detail in chunk:
         if item is None:
@@ -118,9 +132,10 @@ def _score_chunk(pool: VerifierPool, chunk: list[Parsed], timeout_s: float, cfg)
                 "format_score": result.format_score,
                 "parsed": result.parsed,
                 "error": result.error,
-                "working_valid": working_valid(completion, question),
-                "reward": round(next(rewards), 6),
             }
+            if numeric:
+                out["working_valid"] = working_valid(completion, question)
+                out["reward"] = round(next(rewards), 6)
         print(json.dumps(out))
     sys.stdout.flush()
 
@@ -132,9 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per item")
     parser.add_argument("--preset", default="cpu-demo", choices=sorted(PRESETS),
                         help="whose reward settings the `reward` field applies")
+    parser.add_argument("--verifier", default="numeric",
+                        help=f"the built-in verifier that scores the lines: {', '.join(VERIFIERS)}")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
+    if args.verifier not in VERIFIERS:
+        print(f"rewards.verify: --verifier: {args.verifier!r} is not a verifier; allowed: "
+              f"{', '.join(VERIFIERS)}", file=sys.stderr)
+        return 2
     cfg = get_preset(args.preset)
     try:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
@@ -143,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with stream, VerifierPool() as pool:
         for chunk in _chunks(_records(stream), CHUNK_SIZE):
-            _score_chunk(pool, chunk, args.timeout, cfg)
+            _score_chunk(pool, chunk, args.timeout, cfg, args.verifier)
     return 0
 
 

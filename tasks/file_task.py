@@ -6,11 +6,13 @@
 Each row becomes a sample (`tasks.registry`' schema). The prompt is the `prompt_field` column
 ("auto": the first of messages, prompt, question, problem that the file has): text, or a chat
 list of {"role", "content"} messages (the sample's "messages"; its "question" is then the last
-user message, for display). The answer is the `answer_field` column as a string (numbers through
-`str`); with an empty `answer_field` the rows have no reference, for reward functions that need
-none. Every column but the prompt goes into the sample's "columns", which reward functions get as
-keyword arguments (TRL's convention); a column whose values are not JSON is dropped, with one
-warning naming it.
+user message, for display). With `prompt_as_is` (TRL's convention, what homerl.GRPOTrainer
+sets) a text prompt is the model's input as it stands and chat messages go through the chat
+template with nothing added (the sample's "as_is"). The answer is the `answer_field` column as
+a string (numbers through `str`); with an empty `answer_field` the rows have no reference, for
+reward functions that need none. Every column but the prompt goes into the sample's "columns",
+which reward functions get as keyword arguments (TRL's convention); a column whose values are
+not JSON is dropped, with one warning naming it.
 
 Bad rows (no prompt, an empty one, malformed messages, a missing or non-scalar answer) are
 skipped: one warning names the first few by row (line, for JSONL) and field and counts the rest.
@@ -58,6 +60,7 @@ class FileOptions:
     heldout_path: str = ""
     heldout_size: int = 100
     heldout_seed: int = 0
+    prompt_as_is: bool = False
 
     @classmethod
     def from_config(cls, curriculum) -> FileOptions:
@@ -162,6 +165,7 @@ def to_samples(table: Table, opts: FileOptions, path: str) -> list[dict]:
     extras = {"task": "file", "level": 0, "verifier": opts.verifier}
     extras.update({"system": opts.system_prompt} if opts.system_prompt else {})
     extras.update({"instruction": opts.instruction} if opts.instruction else {})
+    extras.update({"as_is": True} if opts.prompt_as_is else {})
     samples, bad = [], [(n, "-", why) for n, why in table.broken]
     for row, number in zip(table.rows, table.numbers):
         try:

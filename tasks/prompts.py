@@ -28,9 +28,18 @@ def prompt_text(tokenizer: object, sample: dict) -> str:
     With a chat template: the sample's "system" message if it has one (unless its own
     "messages" start with one), then its "messages" (a chat sample; an explicit "instruction"
     is added to the last user message) or one user message `question + "\\n" + instruction`.
-    Without one (base models): the same as plain text. Arithmetic and GSM8K samples give
+    Without one (base models): the same as plain text. An "as_is" sample (TRL's convention):
+    its text as it stands, or its messages through the template alone. Arithmetic and GSM8K
+    samples give
     exactly `format_prompt(tokenizer, question, instruction_for(sample))`.
     """
+    if sample.get("as_is"):  # TRL's convention: the dataset's prompt, nothing added
+        if "messages" not in sample:
+            return sample["question"]
+        if getattr(tokenizer, "chat_template", None):
+            return _apply_template(tokenizer, [dict(m) for m in sample["messages"]])
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in sample["messages"]]
+        return "\n".join([*lines, "Assistant:"])
     system = sample.get("system") or ""
     if "messages" not in sample and not system:
         return format_prompt(tokenizer, sample["question"], instruction_for(sample))

@@ -75,3 +75,15 @@ def test_zero_std_fraction():
     assert A.zero_std_fraction(rewards) == pytest.approx(0.5)
     assert isinstance(A.zero_std_fraction(rewards), float)
     assert A.zero_std_fraction(np.zeros((0, 4))) == 0.0
+
+
+def test_rewards_near_the_float32_limit_give_finite_advantages_in_float32():
+    """(3e38 - -3e38) overflows a float32 difference; the advantages are still finite and of
+    the rewards' dtype, and a flat row of such rewards is exactly 0."""
+    r = np.array([[3e38, -3e38, 3e38, -3e38], [3e38] * 4], dtype=np.float32)  # (B, G)
+    a = A.group_advantages(r, scale="std")
+    assert a.dtype == np.float32 and np.isfinite(a).all()
+    np.testing.assert_allclose(a[0], [0.866, -0.866, 0.866, -0.866], atol=1e-3)
+    assert (a[1] == 0).all()
+    with_nan = np.array([[3e38, -3e38, np.nan]], dtype=np.float32)
+    assert np.isfinite(A.group_advantages(with_nan, scale="std")).all()

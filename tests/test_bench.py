@@ -14,7 +14,7 @@ from tools.compare import bench
 
 pytest.importorskip("trl")
 
-SYSTEM = re.compile(r"(trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
+SYSTEM = re.compile(r"run 1 (trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
                     r"peak footprint (\S+) GB, peak RSS (\S+) GB")
 TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8", "--engine", "hf"]
 
@@ -31,33 +31,41 @@ def report_lines(out: str) -> list[str]:
 @pytest.mark.slow
 def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, tmp_path):
     out = tmp_path / "bench.json"
-    assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--json", str(out)]) == 0
+    assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--runs", "1",
+                              "--json", str(out)]) == 0
     lines = report_lines(capsys.readouterr().out)
     assert lines[0].startswith("machine: ") and "trl " in lines[0]
     assert lines[1].startswith("settings: ")
     assert "max_staleness=1, steps_per_call=1" in lines[1]  # the defaults users get, stated
-    matches = [SYSTEM.fullmatch(line) for line in lines[-4:-2]]
+    assert lines[2].startswith("trl configuration: TRL ") and "use_vllm=False" in lines[2]
+    matches = [SYSTEM.fullmatch(line) for line in lines[3:5]]
     assert all(matches), lines
     assert [m.group(1) for m in matches] == ["trl", "ours"]
     for m in matches:
         assert all(float(v) > 0 for v in m.groups()[1:]), m.group(0)
-    memory = re.fullmatch(r"memory ours/TRL: (\S+) \(peak footprint\)", lines[-2])
+    parts = [re.match(r"(trl|ours) step \(median s\): (.+)", line) for line in lines[5:7]]
+    assert all(parts), lines
+    assert "generation" in parts[0].group(2) and "scoring" in parts[1].group(2)
+    memory = re.fullmatch(r"memory ours/TRL: (\S+) peak footprint \(summed PSS\), (\S+) peak "
+                          r"RSS \(summed per process\)", lines[-2])
     assert memory, lines[-2]
     fp = [float(m.group(5)) for m in matches]
+    rss = [float(m.group(6)) for m in matches]
     assert float(memory.group(1)) == pytest.approx(fp[1] / fp[0], rel=0.02)
-    last = re.fullmatch(r"ratio ours/TRL: (\S+)", lines[-1])
+    assert float(memory.group(2)) == pytest.approx(rss[1] / rss[0], rel=0.02)
+    last = re.fullmatch(r"ratio ours/TRL: (\S+) over 1 run\(s\): total completions / total "
+                        r"timed wall time, per side", lines[-1])
     assert last, lines[-1]
     ratio = float(last.group(1))
-    assert ratio > 0
     data = json.loads(out.read_text())
     assert data["ratio_ours_over_trl"] == pytest.approx(ratio, abs=0.01)
-    trl_s, ours_s = (data["results"][n]["step_s"][1:] for n in ("trl", "ours"))
-    pairs = sorted(t / o for t, o in zip(trl_s, ours_s))  # the ratio is the median of the pairs
-    assert ratio == pytest.approx(pairs[len(pairs) // 2], abs=0.01)
+    trl_s, ours_s = (data["runs"][0][n]["step_s"][1:] for n in ("trl", "ours"))
+    assert ratio == pytest.approx(sum(trl_s) / sum(ours_s), abs=0.01)  # totals, not pairs
     for name in ("trl", "ours"):
-        r = data["results"][name]
+        r = data["runs"][0][name]
         assert len(r["step_s"]) == 2 and len(r["tokens"]) == 2  # warm-up + timed
         assert all(0 < t <= 16 * 8 for t in r["tokens"])
+        assert len(r["parts"]) == 2
 
 
 def test_bad_rollout_settings_are_a_one_line_error_before_anything_runs(capsys):

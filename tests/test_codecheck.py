@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -15,6 +16,7 @@ from textwrap import dedent
 
 import pytest
 
+from rewards.sandbox import harness
 from rewards.sandbox.jail import OWN_UID_BASE
 from rewards.verifiers import python_tests as codecheck
 from rewards.verifiers.python_tests import (
@@ -308,7 +310,7 @@ def test_ctypes_calls_cannot_regain_privileges():
 @isolated
 def test_os_open_tricks_and_forged_reports_fail():
     run = run_tests(OS_OPEN, "pass")
-    assert not run.passed and run.returncode == 0, run.output  # exit 0 and a forged line
+    assert not run.passed and run.returncode == 1, run.output  # it forged a line and left
     assert run.output.count("FileNotFoundError") == 4 and "OPEN" not in run.output, run.output
     assert "'work'" not in run.output and "'tmp'" in run.output  # '/..' is its own root
 
@@ -324,14 +326,15 @@ def test_isolation_as_an_unprivileged_user_takes_a_user_namespace(tmp_path):
             "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=2)\n"
             "    escaped.append('net')\nexcept OSError as e:\n    print('net', e)\n"
             "print('root', sorted(os.listdir('/')), 'uid', os.getuid())\n")
-    payload = json.dumps({"code": code, "tests": "pass", "nonce": "n1"}).encode()
+    payload = json.dumps({"code": code, "tests": "pass", "processes": 8}).encode()
     with open(tmp_path / "payload", "w+b") as pay, open(tmp_path / "report", "w+b") as report:
         pay.write(payload)
-        pay.flush()
-        pay.seek(0)
+        report.write(b"n1\n")  # the nonce, for the judge
+        for f in (pay, report):
+            f.flush()
+            f.seek(0)
         cfg = {"parent": os.getpid(), "python": os.path.realpath(python),
-               "harness": str(REPO / "rewards" / "sandbox" / "harness.py"), "root": "/tmp",
-               "expose": [],
+               "program": harness.program(), "root": "/tmp", "expose": [],
                "payload_fd": pay.fileno(), "report_fd": report.fileno(),
                "limits": asdict(Limits())}
 
@@ -351,3 +354,37 @@ def test_isolation_as_an_unprivileged_user_takes_a_user_namespace(tmp_path):
     assert said == "passed n1\n", (said, proc.stdout, proc.stderr)
     assert "Network is unreachable" in proc.stdout and "'work'" not in proc.stdout
     assert "uid 1000" in proc.stdout
+
+
+@isolated
+def test_of_the_interpreters_install_prefix_only_what_it_needs_is_there():
+    """An interpreter in a home directory (pyenv, conda): its binary, shared libraries and
+    standard library are bound, not the rest of its prefix, nor site-packages, nor what lies
+    beside it."""
+    prefix, stdlib = sys.base_prefix, os.path.dirname(os.__file__)
+    if prefix == "/usr" or prefix.startswith("/usr/"):
+        pytest.skip(f"the interpreter lives in {prefix}: no home directory to keep out")
+    token = os.urandom(6).hex()
+    planted = [os.path.join(prefix, f"planted-{token}"),  # the prefix itself
+               os.path.join(os.path.dirname(stdlib), f"planted-{token}"),  # beside libpython
+               os.path.join(stdlib, "site-packages", f"planted-{token}"),
+               os.path.join(os.path.dirname(prefix), f"planted-{token}")]  # beside the prefix
+    made = []
+    try:
+        for path in planted:
+            try:
+                Path(path).write_text("s3cret")
+                made.append(path)
+            except OSError:
+                pass
+        if not made:
+            pytest.skip(f"cannot plant a file in {prefix}")
+        code = ("import json, os, collections, decimal\n"
+                f"escaped = [p for p in {made!r} if os.path.exists(p)]\n"
+                f"shown = sorted(os.listdir({prefix!r}))\n"
+                "print('escaped', escaped, 'prefix holds', shown, json.dumps([1]))\n")
+        run = run_tests(code, "assert escaped == []\nassert set(shown) <= {'bin', 'lib'}\n")
+        assert run.passed, run.output
+    finally:
+        for path in made:
+            os.remove(path)

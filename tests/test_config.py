@@ -66,6 +66,18 @@ def test_bad_field_names_field_and_allowed_values(cls, field, value, msg):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("weights", ["1,inf", "nan,1", "1,-inf", "1e39,1"])
+def test_reward_weights_must_be_finite(weights):
+    """A weight that is not finite (as the rewards' float32: 1e39 is inf there) would make
+    every reward, then every advantage, NaN or inf."""
+    with pytest.raises(ConfigError) as e:
+        RewardConfig(fn="a:f,b:g", weights=weights)
+    msg = str(e.value)
+    assert msg.startswith("reward.weights: must be finite numbers") and repr(weights) in msg
+    assert "\n" not in msg
+    assert RewardConfig(fn="a:f,b:g", weights="-1e38,0.5").fn_weights() == [-1e38, 0.5]
+
+
 def test_steps_per_call_needs_the_staleness_its_last_step_has():
     with pytest.raises(ConfigError) as e:
         RolloutConfig(steps_per_call=3, max_staleness=1)
@@ -141,6 +153,7 @@ def test_cli_overrides_and_aliases():
     (["--rollout.group_size", "x"], "--rollout.group_size: must be int"),
     (["--grpo.loss_agg", "sum"], "grpo.loss_agg: must be one of token_mean, token_mean_all"),
     (["--rollout.top_p", "0.95"], "rollout.top_p: must be 1.0"),
+    (["--reward.fn", "numeric", "--reward.weights", "inf"], "reward.weights: must be finite"),
     (["--bogus", "1"], "unrecognized arguments: --bogus"),
 ])
 def test_cli_errors_are_one_line(argv, msg):

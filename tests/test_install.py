@@ -198,5 +198,5 @@ def test_the_wheel_holds_the_product_packages_and_no_tools(tmp_path):
                    check=True, capture_output=True, timeout=600)
     wheel = next((tmp_path / "dist").glob("homerl-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert {"common", "rewards", "tasks", "actors", "learner", "launch"} <= tops
+    assert {"common", "rewards", "tasks", "actors", "learner", "launch", "homerl"} <= tops
     assert not tops & {"tools", "examples", "tests"}, tops

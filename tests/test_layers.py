@@ -1,6 +1,6 @@
 """The package layers import one way, so the house stays livable:
 
-    common  <-  rewards  <-  tasks  <-  actors, learner  <-  launch  <-  tools, examples
+    common  <-  rewards  <-  tasks  <-  actors, learner  <-  launch  <-  homerl  <-  tools, examples
 
 A module may import its own package and any lower layer; never a higher one, and `actors` and
 `learner` never import each other. `rewards` and `tasks` stay free of torch, Ray and
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = {"common": 0, "rewards": 1, "tasks": 1.5, "actors": 2, "learner": 2, "launch": 3,
-         "tools": 4, "examples": 4}
+         "homerl": 3.5, "tools": 4, "examples": 4}
 MAX_LINES = 600
 LAUNCH_TOP_LEVEL = 8
 """modules launch/ may hold beside its sub-packages (the entry points and what they share)"""

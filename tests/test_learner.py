@@ -9,7 +9,8 @@ import torch
 from actors.weights import WeightApplier
 from common.models import load_model, resolve_model
 from common.presets import get_preset
-from common.types import TrainBatch
+from common.state_io import CheckpointError
+from common.types import RolloutBatch, TrainBatch, TrainPlan
 from learner.export import to_peft_state_dict
 from learner.learner import Learner
 
@@ -366,3 +367,67 @@ def test_the_learner_marks_its_updates_and_borrows_an_idle_workers_core(share, r
         torch.set_num_threads(threads)
     assert not os.path.exists(path)
     learner.close()  # twice: nothing left to do
+
+
+# -- a non-finite update is skipped, and never reaches a checkpoint ---------------------------
+
+@pytest.mark.parametrize("mode, bad", [("full", float("nan")), ("lora", float("inf")),
+                                       ("lora", 1e30)])  # 1e30: a finite loss, an inf norm
+def test_a_nonfinite_update_is_skipped_and_training_goes_on(mode, bad, caplog):
+    """NaN or inf advantages give a non-finite loss, huge ones a non-finite gradient norm:
+    the step changes nothing (weights, optimizer, version) and says so; the next one trains."""
+    learner = Learner(tiny_cfg(mode))
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    batch = make_batch()
+    batch.advantages[::2] = bad
+    with caplog.at_level("WARNING", "homerl.learner"):
+        row = learner.train_on(batch).row()
+    assert row["learner/skipped_nonfinite"] == 1 and row["weights/version"] == 0
+    assert learner.version == 0 and not learner.opt.state  # the optimizer never stepped
+    assert all(p.grad is None for p in learner.params.values())
+    assert all(torch.equal(before[n], p) for n, p in learner.model.named_parameters())
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(said) == 1 and "not finite" in said[0]
+    row = learner.train_on(make_batch(seed=1)).row()
+    assert row["learner/skipped_nonfinite"] == 1 and row["weights/version"] == 1  # cumulative
+    assert all(torch.isfinite(p).all() for p in learner.params.values())
+    assert any(not torch.equal(before[n], p) for n, p in learner.model.named_parameters())
+
+
+def rollout_of(batch: TrainBatch) -> RolloutBatch:
+    """A worker's RolloutBatch holding `batch`'s sequences (what `train_step` receives)."""
+    n = len(batch.completion_ids)
+    return RolloutBatch(
+        prompt_ids=batch.prompt_ids, completion_ids=batch.completion_ids,
+        logprobs=batch.old_logp, entropy=batch.entropy, finish_reasons=["stop"] * n,
+        texts=[""] * n, prompt_index=list(range(n)), correct=np.zeros(n, np.float32),
+        format_score=np.zeros(n, np.float32), rewards=np.zeros(n, np.float32),
+        reward_errors=[None] * n, version=0, num_prompts=n)
+
+
+def test_a_skipped_batch_is_not_kept_for_the_fisher_or_the_checkpoint(tmp_path):
+    """EWC's Fisher uses the batches the learner trained on: a skipped one is not among them,
+    so its NaN advantages never reach a checkpoint (which keeps those batches)."""
+    learner = Learner(tiny_cfg("lora"))
+    good, bad = make_batch(seed=0), make_batch(seed=1)
+    bad.advantages[0] = float("nan")
+    for b in (good, bad):
+        learner.train_step(TrainPlan(b.advantages, version=0), rollout_of(b))
+    assert len(learner.recent) == 1 and np.isfinite(learner.recent[0].advantages).all()
+    learner.save(str(tmp_path))
+    restored = Learner(tiny_cfg("lora"))
+    assert restored.load(str(tmp_path)) == 1 and len(restored.recent) == 1
+
+
+def test_save_refuses_a_state_that_is_not_finite(tmp_path):
+    """A NaN in the trainable tensors (or optimizer, Fisher, anchor) is never written: save is
+    a one-line CheckpointError naming the tensor, and nothing is left in the directory."""
+    learner = Learner(tiny_cfg("lora"))
+    learner.train_on(make_batch()).row()
+    name = sorted(learner.params)[0]
+    with torch.no_grad():
+        learner.params[name][0, 0] = float("nan")
+    with pytest.raises(CheckpointError) as e:
+        learner.save(str(tmp_path))
+    assert f"param.{name}" in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.iterdir())

@@ -77,6 +77,21 @@ def hog(completions, **kwargs):
 
 async def later(completions, **kwargs):
     return [2.0] * len(completions)
+
+
+def huge(completions, **kwargs):  # finite as a Python float, inf as the rewards' float32
+    return [1e39 if i % 2 else 0.5 for i in range(len(completions))]
+
+
+def big(completions, **kwargs):  # finite as a float32; times a weight of 1e30 it is not
+    return [1e10 if i % 2 else -1.0 for i in range(len(completions))]
+
+
+def gen_breaks(completions, **kwargs):  # a generator that raises once it is consumed
+    def rewards():
+        yield 1.0
+        raise RuntimeError("the generator broke midway")
+    return rewards()
 '''
 
 
@@ -119,6 +134,8 @@ def test_outputs_that_are_rewards(out, want):
     ([1.0], "returned 1 rewards for 4 completions"),
     (["1", 2, 3, 4], "reward 0 is a str"),
     ([1, 2, float("inf"), 4], "reward 2 is inf"),
+    ([1, 1e39, 3, 4], "reward 1 is 1e+39, not finite as a float32"),
+    (np.array([1, 2, 3, -1e300]), "reward 3 is -1e+300, not finite as a float32"),
     ("1234", "returned a str"),
     (3.0, "returned a float"),
     ({"a": 1}, "returned a dict"),
@@ -212,6 +229,56 @@ def test_an_all_none_completion_is_unscorable(mymod):
         got = fns.score(pool, samples, ["a"] * 4, [[1]] * 4, [NO_REFERENCE] * 4,
                         TrainerState(0, 2), 2.0)
     assert got.rewards[0] == 1.0 and math.isnan(got.rewards[1]) and got.errors == {}
+
+
+def score_with(pool, specs, weights, texts=("a", "bb", "ccc", "dddd")):
+    fns = RewardFns(list(specs), list(weights), timeout_s=5.0)
+    return fns.score(pool, plain_samples(len(texts)), list(texts), [[1]] * len(texts),
+                     [NO_REFERENCE] * len(texts), TrainerState(0, 2), 2.0)
+
+
+def test_a_reward_beyond_float32_is_bad_output_never_an_infinite_reward(mymod):
+    """1e39 is finite as a Python float and inf as the rewards' float32: the call is
+    fn_bad_output (0 for that function, counted), the other function's rewards stand."""
+    with VerifierPool() as pool:
+        got = score_with(pool, ["mymod:reward_len", "mymod:huge"], [1.0, 1.0])
+    assert np.isfinite(got.rewards).all()
+    np.testing.assert_allclose(got.rewards, [0.01, 0.02, 0.03, 0.04], rtol=1e-6)
+    assert got.per_fn["huge"] == [0.0] * 4 and got.errors == {"fn_bad_output": 4}
+
+
+@pytest.mark.parametrize("specs, weights, want", [
+    (["mymod:big"], [1e30], [-1e30, 0.0, -1e30, 0.0]),             # 1e10 x 1e30 = inf
+    (["mymod:big", "mymod:big"], [1e30, -1e30], [0.0] * 4),         # inf - inf = NaN
+])
+def test_a_weighted_sum_that_is_not_finite_gives_0_counted(mymod, caplog, specs, weights, want):
+    """Each function's rewards are finite, their weighted sum is not (float32): that
+    completion's reward is 0, counted as fn_bad_output, and the first time is logged; an
+    overflow to NaN is not mistaken for an unscorable completion."""
+    with VerifierPool() as pool, caplog.at_level(logging.WARNING, "homerl.rewards"):
+        got = score_with(pool, specs, weights)
+    assert np.isfinite(got.rewards).all() and got.rewards.dtype == np.float32
+    np.testing.assert_allclose(got.rewards, want, rtol=1e-6)
+    assert got.errors == {"fn_bad_output": 2}
+    assert got.per_fn["big"] == [-1.0, 1e10, -1.0, 1e10]  # what the function returned
+    said = [r.getMessage() for r in caplog.records if "reward.weights" in r.getMessage()]
+    assert len(said) == 1 and "reward/error_fn_bad_output" in said[0]
+
+
+def test_a_generator_that_raises_is_fn_error_and_the_verifier_process_lives_on(mymod, caplog):
+    """A function may return a generator; one that raises once consumed is the function's
+    fault like any exception: fn_error with its traceback logged, in the same verifier
+    process, which then scores the next batch."""
+    with VerifierPool() as pool, caplog.at_level(logging.WARNING, "homerl.rewards"):
+        broken = score_with(pool, ["mymod:gen_breaks"], [1.0])
+        pid = pool.pid
+        fine = score_with(pool, ["mymod:reward_len"], [1.0])
+        assert pid is not None and pool.pid == pid and pool.starts == 1
+    assert broken.rewards.tolist() == [0.0] * 4 and broken.errors == {"fn_error": 4}
+    np.testing.assert_allclose(fine.rewards, [0.01, 0.02, 0.03, 0.04], rtol=1e-6)
+    said = [r.getMessage() for r in caplog.records if "gen_breaks" in r.getMessage()]
+    assert len(said) == 1 and "RuntimeError: the generator broke midway" in said[0]
+    assert "Traceback" in said[0] and "in rewards" in said[0]  # the generator's own frame
 
 
 # -- metrics and advantages ------------------------------------------------------------------

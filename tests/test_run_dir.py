@@ -93,7 +93,7 @@ def test_run_dir_takes_an_empty_dir_and_the_web_apps_pre_created_one(tmp_path):
     app = tiny_run_dir(tmp_path / "app")  # app.runs.start_run: marker + config.json, then spawn
     (app / "app.log").write_text("")
     for d in (tmp_path / "empty", app, tmp_path / "new"):
-        cfg, run_dir, resume, lock = open_run(["--preset", "tiny", "--run-dir", str(d)])
+        cfg, run_dir, resume, lock, _ = open_run(["--preset", "tiny", "--run-dir", str(d)])
         lock.release()
         assert run_dir == str(d) and not resume and (d / MARKER).exists()
         assert json.loads((d / HISTORY).read_text())["event"] == "start"
@@ -173,7 +173,7 @@ def test_resume_applies_the_flags_it_may_change_and_records_them(tmp_path):
     run = tiny_run_dir(tmp_path / "run")
     argv = ["--resume", str(run), "--steps", "9", "--run.keep_checkpoints", "3",
             "--seed", "0", "--preset", "tiny"]  # the run's own seed and preset: no change
-    cfg, run_dir, resume, lock = open_run(argv)
+    cfg, run_dir, resume, lock, _ = open_run(argv)
     lock.release()
     assert resume and cfg.run.steps == 9 and cfg.run.keep_checkpoints == 3
     assert cfg.grpo.lr == get_preset("tiny").grpo.lr
@@ -351,3 +351,64 @@ def test_a_bug_in_safetensors_is_not_taken_for_a_full_disk(tmp_path, monkeypatch
     monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
     with pytest.raises(TypeError):
         save_state(str(tmp_path), "driver", {"x": np.zeros(3)}, {})
+
+
+# ---- every entry point that writes a run opens it the same way; no symlink is followed ---------
+def _demo_refused(capsys, argv) -> str:
+    from launch import demo
+
+    with pytest.raises(SystemExit) as e:
+        demo.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("launch.demo: error: "), err
+    return err
+
+
+def test_the_demo_opens_its_run_dir_as_launch_train_does(tmp_path, capsys):
+    """launch.demo --run-dir gets launch.train's protections before anything is written: no
+    directory that is not a run, no trained run (its final/ and checkpoints stay), no run a
+    live driver holds, no --resume; a new directory is marked, locked and in the history."""
+    from launch.rundir.ownership import lock_run
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_text("x")
+    assert "is not empty and is not a homerl run" in _demo_refused(
+        capsys, ["--preset", "tiny", "--run-dir", str(model)])
+    assert sorted(os.listdir(model)) == ["weights.bin"]
+    trained = tiny_run_dir(tmp_path / "trained")
+    (trained / "metrics.jsonl").write_text('{"step": 0}\n')
+    (trained / "final").mkdir()
+    before = sorted(os.listdir(trained))
+    assert "already holds a run" in _demo_refused(
+        capsys, ["--preset", "tiny", "--run-dir", str(trained)])
+    assert sorted(os.listdir(trained)) == before
+    busy = tiny_run_dir(tmp_path / "busy")
+    held = lock_run(str(busy))
+    try:
+        assert "is being written by another driver (pid" in _demo_refused(
+            capsys, ["--preset", "tiny", "--run-dir", str(busy)])
+    finally:
+        held.release()
+    assert "starts a run from its first step" in _demo_refused(
+        capsys, ["--resume", str(trained)])
+
+
+def test_the_lock_and_the_history_never_follow_a_planted_symlink(tmp_path, capsys):
+    """A symbolic link planted as RUN_DIR/.homerl-lock or config-history.jsonl would make the
+    lock truncate, or the history append to, any file its target names: refused in one line,
+    the target untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in (LOCK, HISTORY):
+        run = tiny_run_dir(tmp_path / f"run-{name}")
+        (run / name).symlink_to(victim)
+        with pytest.raises(SystemExit) as e:
+            from launch.cli import open_run
+
+            open_run(["--preset", "tiny", "--run-dir", str(run)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "is a symbolic link" in err, err
+        assert victim.read_text() == "precious\n"

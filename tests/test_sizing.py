@@ -54,13 +54,13 @@ def test_a_machine_too_small_is_one_line_saying_what_to_change(cores, ram_gb, wa
 
 
 def test_the_cli_sizes_a_new_run_and_refuses_cores_with_a_split_by_hand(tmp_path, capsys):
-    cfg, _, _, _ = resolve_run(["--preset", "cpu-14core", "--cores", "8", "--ram-gb", "16",
-                                "--run-dir", str(tmp_path / "a")])
+    cfg, _, _, _, _ = resolve_run(["--preset", "cpu-14core", "--cores", "8", "--ram-gb", "16",
+                                   "--run-dir", str(tmp_path / "a")])
     assert (cfg.rollout.learner_threads, cfg.rollout.num_workers) == (5, 3)
-    hand, _, _, _ = resolve_run(["--preset", "cpu-14core", "--rollout.num_workers", "2",
-                                 "--run-dir", str(tmp_path / "b")])
+    hand, _, _, _, _ = resolve_run(["--preset", "cpu-14core", "--rollout.num_workers", "2",
+                                    "--run-dir", str(tmp_path / "b")])
     assert hand.rollout.num_workers == 2 and hand.run.cores == 0  # the hand's split wins
-    demo, _, _, _ = resolve_run(["--preset", "cpu-demo", "--run-dir", str(tmp_path / "c")])
+    demo, _, _, _, _ = resolve_run(["--preset", "cpu-demo", "--run-dir", str(tmp_path / "c")])
     assert demo.rollout == get_preset("cpu-demo").rollout  # a preset with run.cores 0: as is
     capsys.readouterr()
     with pytest.raises(SystemExit) as code:

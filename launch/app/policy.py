@@ -3,15 +3,18 @@
 The app starts processes and reads files on the server, so whoever reaches the page acts as
 the user who runs it. By default it is closed:
 
-* it serves on loopback; another address needs `--auth user:password` (or `--auth-file`);
-* run directories are the app's runs folder's; models are the embedded ones and the runs'
-  checkpoints; datasets come from `--data-dir` or the page's uploads (kept in the runs
-  folder's `uploads/`); anything else, a hub id or a path elsewhere, only with
-  `--allow-any-path`;
+* it serves on loopback; another address needs a login (`--auth-file` or HOMERL_APP_AUTH:
+  never on the command line, where `ps` shows it to every local user), rate-limited per client
+  (`launch/app/login.py`);
+* run directories are the app's runs folder's runs (marked by homerl); models are the embedded
+  ones and the runs' checkpoints; datasets come from `--data-dir` or the page's uploads (kept in
+  the runs folder's `.uploads/`, which is never a run, under names the server chooses);
+  anything else, a hub id or a path elsewhere, only with `--allow-any-path`;
 * reward functions are code run on the server: only the `module:function` specs the server
-  lists with `--reward-fn` (the built-in verifiers need no listing);
-* every input is capped: an upload's size, the Try prompt, pass@k samples, problems per set,
-  and runs going at once (one by default).
+  lists with `--reward-fn` (the built-in verifiers need no listing); `reward.unsandboxed_code`
+  never; Resume checks a run's config.json as Start checks a form;
+* every input is capped: an upload's size and the uploads' total, the Try prompt, pass@k
+  samples, problems per set, and runs going at once (one by default).
 
 Each check raises `PolicyError` with one line naming the field, the limit and the flag that
 lifts it. No Gradio here: `launch/app/ui.py` builds a `Policy` and the callbacks enforce it.
@@ -23,10 +26,15 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
-from common.config import VERIFIERS
+from common.config import VERIFIERS, Config
+from rewards.byvalue import is_by_value
 
 EMBEDDED = ("smollm2-135m-instruct", "tiny-random-llama")
 """the models that ship with the project (always allowed)"""
+UPLOADS = ".uploads"
+"""the uploads' folder in the runs folder: a dot-folder, which no run list shows"""
+AUTH_ENV = "HOMERL_APP_AUTH"
+"""the environment variable holding the login as user:password"""
 
 
 class PolicyError(ValueError):
@@ -45,6 +53,8 @@ class Policy:
     """`module:function` reward functions the page may pick (built-in verifiers always)"""
     max_upload_mb: float = 20.0
     """largest upload (a dataset or an evaluation file), MB"""
+    max_uploads_mb: float = 0.0
+    """the kept uploads' total, MB (0: 10 x max_upload_mb)"""
     max_prompt_chars: int = 2000
     """longest Try prompt, characters"""
     max_samples: int = 16
@@ -56,7 +66,11 @@ class Policy:
 
     @property
     def uploads_dir(self) -> str:
-        return os.path.join(self.runs_root, "uploads")
+        return os.path.join(self.runs_root, UPLOADS)
+
+    @property
+    def uploads_quota_mb(self) -> float:
+        return self.max_uploads_mb or 10 * self.max_upload_mb
 
     def _inside(self, path: str, *roots: str) -> bool:
         real = os.path.realpath(path)
@@ -64,7 +78,10 @@ class Policy:
                    for r in roots)
 
     def check_run_dir(self, run_dir: str) -> str:
-        """A run directory inside the runs folder (symlinks resolved)."""
+        """A run directory inside the runs folder (symlinks resolved), never the uploads."""
+        if self._inside(run_dir, self.uploads_dir):
+            raise PolicyError(f"run: {run_dir} is in the app's uploads folder, which holds "
+                              "datasets, never a run")
         if not self.any_path and not self._inside(run_dir, self.runs_root):
             raise PolicyError(f"run: {run_dir} is outside the app's runs folder "
                               f"{self.runs_root} (the server's --allow-any-path lifts this)")
@@ -89,13 +106,31 @@ class Policy:
                           "the server's --data-dir / --allow-any-path")
 
     def check_reward_fns(self, specs: list[str]) -> list[str]:
-        """Built-in verifiers and the server's listed `module:function` specs only."""
+        """Built-in verifiers and the server's listed `module:function` specs only; never a
+        `by-value:` function (its code is a pickle in the run directory)."""
         for spec in specs:
+            if is_by_value(spec):
+                raise PolicyError(f"reward functions: {spec!r} is a function packed into the run "
+                                  "directory by homerl.GRPOTrainer (loading it runs its code); "
+                                  "the app does not run those: resume it from Python")
             if spec not in VERIFIERS and spec not in self.reward_fns:
                 allowed = ", ".join([*VERIFIERS, *self.reward_fns])
                 raise PolicyError(f"reward functions: {spec!r} is not on the server's list "
                                   f"({allowed}); the server adds one with --reward-fn")
         return specs
+
+    def check_config(self, cfg: Config, checkpoints: list[str]) -> Config:
+        """A run's config as Start and Resume allow it: its model, datasets and reward
+        functions, and no `reward.unsandboxed_code`."""
+        self.check_model(cfg.model.name, checkpoints)
+        for path in filter(None, (cfg.curriculum.data_path, cfg.curriculum.heldout_path)):
+            self.check_data(path)
+        self.check_reward_fns(cfg.reward.fns())
+        if cfg.reward.unsandboxed_code:
+            raise PolicyError("reward.unsandboxed_code: must be false in a run the app starts "
+                              "(it runs completions' code without isolation); run "
+                              "launch.train from a shell for that")
+        return cfg
 
     def check_upload(self, path: str) -> str:
         size_mb = os.path.getsize(path) / 1e6
@@ -103,6 +138,15 @@ class Policy:
             raise PolicyError(f"upload: {os.path.basename(path)} is {size_mb:.1f} MB; at most "
                               f"{self.max_upload_mb:g} MB (the server's --max-upload-mb)")
         return path
+
+    def check_uploads_total(self, kept_bytes: int, new_bytes: int) -> None:
+        """Room in the uploads folder for `new_bytes` more."""
+        total_mb = (kept_bytes + new_bytes) / 1e6
+        if total_mb > self.uploads_quota_mb:
+            raise PolicyError(f"uploads: {kept_bytes / 1e6:.1f} MB kept + {new_bytes / 1e6:.1f} "
+                              f"MB is over the total of {self.uploads_quota_mb:g} MB; remove "
+                              f"old files from {self.uploads_dir} (or the server's "
+                              "--max-uploads-mb)")
 
     def check_prompt(self, prompt: str) -> str:
         if len(prompt) > self.max_prompt_chars:
@@ -132,20 +176,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_auth(auth: str, auth_file: str) -> tuple[str, str] | None:
-    """(user, password) from `--auth user:password` or the first line of `--auth-file`;
-    None when neither is given. Raises PolicyError on a malformed value."""
-    text = auth
+def read_auth(auth_file: str, env_value: str = "") -> tuple[str, str] | None:
+    """(user, password) from the first line of `--auth-file` or from HOMERL_APP_AUTH's value;
+    None when neither is given. Raises PolicyError on an unreadable file or a malformed value."""
+    text, source = env_value.strip(), AUTH_ENV
     if auth_file:
         try:
             with open(auth_file) as f:
-                text = f.readline().strip()
+                text, source = f.readline().strip(), "--auth-file"
         except OSError as e:
             raise PolicyError(f"--auth-file: {auth_file}: {e.strerror}") from None
     if not text:
         return None
     user, sep, password = text.partition(":")
     if not sep or not user or len(password) < 8:
-        raise PolicyError("--auth: must be user:password with a password of 8 or more "
+        raise PolicyError(f"{source}: must be user:password with a password of 8 or more "
                           "characters")
     return user, password

@@ -6,13 +6,19 @@ thing: `python -m launch.train` in its own process session (it outlives the page
 on a local Ray cluster it starts, or on the cluster named by RAY_ADDRESS (`ray start --head`
 prints one), writing the same run directory as the command line:
 
-    RUN_DIR/app.json   how the app started it (command, pid)
+    RUN_DIR/app.json   how the app started it (command, pid, the process's start time)
     RUN_DIR/app.log    its stdout and stderr
+
+The runs a page sees are the directories homerl marked as runs (launch/rundir/ownership.py);
+a run is running while its driver process lives (launch/app/drivers.py); Start and Resume check
+the server's policy on the config they would run, and count the running runs and start theirs
+under one lock, so that two clicks at once cannot pass `--max-runs`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -27,10 +33,12 @@ from pathlib import Path
 from common import metrics as M
 from common.config import Config, ConfigError
 from common.models import ModelNotFoundError, resolve_model
+from launch.app.drivers import app_driver_alive, lock_holder_alive, start_ticks
 from launch.app.policy import Policy, PolicyError
 from launch.cli import OneLineParser, add_config_args, config_from_args
 from launch.rundir.checkpoints import list_checkpoints
-from launch.rundir.ownership import mark_run
+from launch.rundir.ownership import MARKER, mark_run
+from launch.rundir.resume import read_run_config
 from launch.rundir.writer import clear_stop, read_jsonl, request_stop, stop_requested, write_json
 
 FORM_FLAGS = {
@@ -158,28 +166,47 @@ def _spawn(run_dir: str, argv: list[str]) -> str:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     _PROCS[os.path.abspath(run_dir)] = proc
     with open(os.path.join(run_dir, "app.json"), "w") as f:
-        json.dump({"pid": proc.pid, "command": cmd, "started": time.time()}, f)
+        json.dump({"pid": proc.pid, "ticks": start_ticks(proc.pid), "command": cmd,
+                   "started": time.time()}, f)
     return run_dir
 
 
 def allowed(cfg: Config, root: str, policy: Policy | None) -> Config:
-    """`cfg` if the server's policy lets a page start it (its model, dataset and reward
-    functions, and room for another run), else FormError naming what is not allowed."""
+    """`cfg` if the server's policy lets a page run it (its model, datasets and reward
+    functions, no unsandboxed code), else FormError naming what is not allowed."""
     if policy is None:
         return cfg
     try:
-        policy.check_model(cfg.model.name, checkpoints(root))
-        for path in filter(None, (cfg.curriculum.data_path, cfg.curriculum.heldout_path)):
-            policy.check_data(path)
-        policy.check_reward_fns(cfg.reward.fns())
-        policy.check_capacity(running_count(root))
+        return policy.check_config(cfg, checkpoints(root))
     except PolicyError as e:
         raise FormError(str(e)) from None
-    return cfg
+
+
+def _check_room(root: str, policy: Policy | None) -> None:
+    """FormError when --max-runs runs are going (call it under _spawn_lock)."""
+    if policy is not None:
+        try:
+            policy.check_capacity(running_count(root))
+        except PolicyError as e:
+            raise FormError(str(e)) from None
+
+
+@contextlib.contextmanager
+def _spawn_lock(root: str):
+    """One start or resume at a time in a runs folder, from any thread of this app or another
+    app on the same folder: an flock on the folder itself (it adds no file to it)."""
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def running_count(root: str) -> int:
-    """Runs under `root` going now (a directory that is not a readable run counts as none)."""
+    """Runs under `root` whose driver is alive (a directory that is not a readable run counts
+    as none)."""
     count = 0
     for run_dir in list_runs(root):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -191,29 +218,53 @@ def start_run(form: dict, root: str = "runs", policy: Policy | None = None) -> s
     """Validate the form (and, from the page, the server's policy) and start the run; returns
     its directory. Raises FormError."""
     cfg = allowed(check_form(form), root, policy)
-    run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
-    os.makedirs(run_dir)
-    mark_run(run_dir)  # a run of this project: the driver's --run-dir takes it (run_dir.py)
-    # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
-    write_json(os.path.join(run_dir, "config.json"), cfg.to_dict())
-    return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])
+    with _spawn_lock(root):
+        _check_room(root, policy)
+        run_dir = os.path.abspath(_new_run_dir(root, cfg.preset))  # a Ray job runs elsewhere
+        os.makedirs(run_dir)
+        mark_run(run_dir)  # a run of this project: the driver's --run-dir takes it (run_dir.py)
+        # in the run lists at once, before Ray starts; the driver rewrites it (whole, as here)
+        write_json(os.path.join(run_dir, "config.json"), cfg.to_dict())
+        return _spawn(run_dir, [*train_argv(form), "--run-dir", run_dir])
 
 
-def resume_run(run_dir: str, policy: Policy | None = None) -> str:
-    """`launch.train --resume RUN_DIR` from its last checkpoint. Raises FormError."""
+def check_run(run_dir: str, policy: Policy | None = None) -> str:
+    """`run_dir` if the page may act on it: inside the runs folder (the policy's), not the
+    uploads, marked by homerl as a run and holding its config.json. Raises FormError."""
     if policy is not None:
         try:
             policy.check_run_dir(run_dir)
-            policy.check_capacity(running_count(policy.runs_root))
         except PolicyError as e:
             raise FormError(str(e)) from None
-    if not os.path.exists(os.path.join(run_dir, "config.json")):
+    if not os.path.isfile(os.path.join(run_dir, "config.json")):
         raise FormError(f"{run_dir}: not a run directory (no config.json)")
-    state = run_status(run_dir).state
-    if state in ("running", "finished"):
-        raise FormError(f"{run_dir}: already {state}")
-    clear_stop(run_dir)
-    return _spawn(run_dir, ["--resume", os.path.abspath(run_dir)])
+    if not os.path.exists(os.path.join(run_dir, MARKER)):
+        raise FormError(f"{run_dir}: not a homerl run (no {MARKER} marker); the app shows "
+                        "and resumes only the runs homerl made")
+    return run_dir
+
+
+def read_config(run_dir: str) -> Config:
+    """The Config a resume of `run_dir` would run (its config.json). Raises FormError."""
+    try:
+        return read_run_config(os.path.join(run_dir, "config.json"))
+    except ConfigError as e:
+        raise FormError(str(e)) from None
+
+
+def resume_run(run_dir: str, policy: Policy | None = None) -> str:
+    """`launch.train --resume RUN_DIR` from its last checkpoint, its config.json checked against
+    the server's policy as Start checks a form. Raises FormError."""
+    check_run(run_dir, policy)
+    root = policy.runs_root if policy is not None else os.path.dirname(os.path.abspath(run_dir))
+    allowed(read_config(run_dir), root, policy)
+    with _spawn_lock(root):
+        _check_room(root, policy)
+        state = run_status(run_dir).state
+        if state in ("running", "finished"):
+            raise FormError(f"{run_dir}: already {state}")
+        clear_stop(run_dir)
+        return _spawn(run_dir, ["--resume", os.path.abspath(run_dir)])
 
 
 def stop_run(run_dir: str) -> str:
@@ -224,18 +275,11 @@ def stop_run(run_dir: str) -> str:
     return f"stop asked: {run_dir} checkpoints and stops after its current step"
 
 
-def _alive(run_dir: str, pid: int) -> bool:
+def _alive(run_dir: str, info: dict) -> bool:
     proc = _PROCS.get(os.path.abspath(run_dir))
-    if proc is not None and proc.pid == pid:
+    if proc is not None and proc.pid == info.get("pid"):
         return proc.poll() is None  # also reaps it
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().decode(errors="replace")
-        with open(f"/proc/{pid}/stat") as f:
-            zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
-    return "launch.train" in cmd and not zombie
+    return app_driver_alive(run_dir, info)
 
 
 @dataclass(frozen=True)
@@ -259,7 +303,8 @@ def _last_line(path: str) -> str:
 
 
 def run_status(run_dir: str) -> RunStatus:
-    """Where a run stands, from its directory (and its driver's pid, when the app started it)."""
+    """Where a run stands: running while its driver process lives (the app's, or a shell's
+    holding the run's lock), else from its directory."""
     with open(os.path.join(run_dir, "config.json")) as f:
         total = json.load(f)["run"]["steps"]
     rows = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
@@ -267,16 +312,15 @@ def run_status(run_dir: str) -> RunStatus:
     info = {}
     with contextlib.suppress(OSError, ValueError), open(os.path.join(run_dir, "app.json")) as f:
         info = json.load(f)
-    if info and _alive(run_dir, info["pid"]):
+    info = info if isinstance(info, dict) else {}
+    by_app = bool(info) and _alive(run_dir, info)
+    if by_app or lock_holder_alive(run_dir):
+        outside = "" if by_app else " (started outside the app)"
         stopping = " (stopping)" if stop_requested(run_dir) else ""
-        return RunStatus("running", step, total, f"running{stopping}: step {step} of {total}")
+        return RunStatus("running", step, total,
+                         f"running{outside}{stopping}: step {step} of {total}")
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         return RunStatus("finished", step, total, f"finished: {step} steps")
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if not info and os.path.exists(metrics) and time.time() - os.path.getmtime(metrics) < 120:
-        return RunStatus("running", step, total,
-                         f"running (started outside the app; last step < 2 min ago): step {step} "
-                         f"of {total}")
     resumable = "resumable" if list_checkpoints(run_dir) else "no checkpoint yet"
     if stop_requested(run_dir) or not info:  # stopped by the page, or run elsewhere
         return RunStatus("stopped", step, total, f"stopped at step {step} of {total}: {resumable}")
@@ -286,11 +330,13 @@ def run_status(run_dir: str) -> RunStatus:
 
 
 def list_runs(root: str = "runs") -> list[str]:
-    """Run directories under `root` (those with a config.json), newest first."""
+    """Runs under `root`, newest first: directories homerl marked as runs (launch/rundir/
+    ownership.py) that hold a config.json; never a dot-folder (the uploads)."""
     if not os.path.isdir(root):
         return []
-    runs = [os.path.join(root, d) for d in os.listdir(root)
-            if os.path.isfile(os.path.join(root, d, "config.json"))]
+    runs = [os.path.join(root, d) for d in os.listdir(root) if not d.startswith(".")
+            and os.path.isfile(os.path.join(root, d, MARKER))
+            and os.path.isfile(os.path.join(root, d, "config.json"))]
     return sorted(runs, key=lambda d: os.path.getmtime(os.path.join(d, "config.json")),
                   reverse=True)
 

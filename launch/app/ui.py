@@ -8,8 +8,9 @@ Train starts the real driver (`launch.train`, its own process: it keeps going wh
 closes), Watch plots a run's metrics.jsonl every few seconds, Evaluate scores models as
 `launch.evaluate` does, Try completes one question with the verifier's verdict. Bad input
 shows one line in the page; nothing starts. What a page may do is the server's policy
-(`launch/app/policy.py`: loopback unless --auth, the app's own folders unless
---allow-any-path, listed reward functions, capped inputs; docs/app.md).
+(`launch/app/policy.py`: loopback unless a login (--auth-file or HOMERL_APP_AUTH, rate-limited
+by `launch/app/login.py`), the app's own folders unless --allow-any-path, listed reward
+functions, capped inputs; docs/app.md).
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ import sys
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # all traffic stays on this machine
 import gradio as gr  # noqa: E402
+from gradio.utils import get_upload_folder  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 from common.config import VERIFIERS  # noqa: E402
 from common.presets import PRESETS, get_preset  # noqa: E402
-from launch.app.model_tabs import run_eval, try_model
-from launch.app.policy import Policy, PolicyError, is_loopback, read_auth  # noqa: E402
-from launch.app.runs import (
+from launch.app.login import ClientOfLogin, LoginGuard  # noqa: E402
+from launch.app.model_tabs import run_eval, try_model  # noqa: E402
+from launch.app.policy import AUTH_ENV, Policy, PolicyError, is_loopback, read_auth  # noqa: E402
+from launch.app.runs import (  # noqa: E402
     FORM_FLAGS,
     SAMPLE_COLUMNS,
     FormError,
+    check_run,
     checkpoints,
     curve_figure,
     dashboard_url,
@@ -40,11 +45,13 @@ from launch.app.runs import (
     start_run,
     stop_run,
 )  # noqa: E402
-from launch.app.uploads import dataset_choices, keep_upload  # noqa: E402
+from launch.app.uploads import accept_upload, dataset_choices  # noqa: E402
 from launch.evaluate.sets import SET_NAMES  # noqa: E402
 
 REFRESH_S = 3.0
 """Watch tab refresh period"""
+CACHE_S = 86400
+"""Gradio's temporary files (an Evaluate upload) are deleted after a day, checked hourly"""
 
 
 def preset_values(name: str) -> list:
@@ -62,7 +69,7 @@ def _form(values) -> dict:
 
 def build(policy: Policy | None = None) -> gr.Blocks:
     policy = policy or Policy()
-    with gr.Blocks(title="homerl") as page:
+    with gr.Blocks(title="homerl", delete_cache=(3600, CACHE_S)) as page:
         gr.Markdown("# homerl: GRPO on the machine you have")
         run_pick = _train_tab(policy)
         _watch_tab(policy, run_pick)
@@ -93,7 +100,7 @@ def _dataset_row(policy: Policy, first: list) -> list:
         if not path:
             return gr.update()
         try:
-            kept = keep_upload(path, policy)
+            kept = accept_upload(path, policy, get_upload_folder())
         except PolicyError as e:
             gr.Warning(str(e))
             return gr.update()
@@ -158,8 +165,8 @@ def _stop(run_dir: str | None, policy: Policy) -> str:
     if not run_dir:
         return "pick a run"
     try:
-        return stop_run(policy.check_run_dir(run_dir))
-    except PolicyError as e:
+        return stop_run(check_run(run_dir, policy))
+    except FormError as e:
         return f"error: {e}"
 
 
@@ -167,7 +174,9 @@ def _watch(run_dir: str | None, policy: Policy):
     if not run_dir:
         return "pick a run", None, [], ""
     try:
-        status = run_status(policy.check_run_dir(run_dir))
+        status = run_status(check_run(run_dir, policy))
+    except FormError as e:
+        return f"error: {e}", None, [], ""
     except (OSError, ValueError, KeyError) as e:
         return f"error: {run_dir}: {e}", None, [], ""
     url = dashboard_url()
@@ -273,33 +282,47 @@ def port_free(host: str, port: int) -> bool:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="launch.app", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (loopback by "
-                   "default; another address needs --auth: the app starts processes)")
+                   "default; another address needs a login: the app starts processes)")
     p.add_argument("--port", type=int, default=7860, help="port to serve on")
     p.add_argument("--runs", default="runs", help="the app's runs folder (run directories, "
                    "checkpoints, uploads)")
-    p.add_argument("--auth", default="", help="user:password the page asks for")
-    p.add_argument("--auth-file", default="", help="a file whose first line is user:password")
+    p.add_argument("--auth", default="", help=f"refused: a command line is visible to every "
+                   f"local user (ps); use --auth-file or {AUTH_ENV}")
+    p.add_argument("--auth-file", default="", help="a file whose first line is user:password "
+                   f"(the login the page asks for; or the environment's {AUTH_ENV})")
     p.add_argument("--data-dir", default="", help="a folder of datasets the Train tab lists")
     p.add_argument("--reward-fn", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="a reward function the page may pick (repeat; code run on this server)")
     p.add_argument("--allow-any-path", action="store_true",
                    help="let the page name any model (hub ids too), dataset or run directory")
     p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest upload, MB")
+    p.add_argument("--max-uploads-mb", type=float, default=0.0,
+                   help="the kept uploads' total, MB (0: 10 x --max-upload-mb)")
     p.add_argument("--max-runs", type=int, default=1, help="training runs going at once")
     return p
+
+
+def _login(args) -> tuple[str, str] | None:
+    """The login from --auth-file or HOMERL_APP_AUTH (then removed from this process's
+    environment, which the drivers it starts inherit). Raises PolicyError."""
+    if args.auth:
+        raise PolicyError(f"--auth: a password on the command line is visible to every local "
+                          f"user (ps); give it in a file (--auth-file FILE, first line "
+                          f"user:password) or the environment ({AUTH_ENV}=user:password)")
+    return read_auth(args.auth_file, os.environ.pop(AUTH_ENV, ""))
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
-        auth = read_auth(args.auth, args.auth_file)
+        auth = _login(args)
     except PolicyError as e:
         print(f"launch.app: error: {e}", file=sys.stderr)
         return 2
     if not is_loopback(args.host) and auth is None:
-        print(f"launch.app: error: --host {args.host}: serving beyond this machine needs "
-              "--auth user:password (or --auth-file): the app starts processes and reads "
-              "files as the user who runs it", file=sys.stderr)
+        print(f"launch.app: error: --host {args.host}: serving beyond this machine needs a "
+              f"login (--auth-file FILE or {AUTH_ENV}=user:password): the app starts processes "
+              "and reads files as the user who runs it", file=sys.stderr)
         return 2
     if not port_free(args.host, args.port):
         print(f"launch.app: error: --port: {args.host}:{args.port} is taken; pick another "
@@ -307,11 +330,12 @@ def main(argv=None) -> int:
         return 2
     policy = Policy(runs_root=args.runs, data_dir=args.data_dir, any_path=args.allow_any_path,
                     reward_fns=tuple(args.reward_fn), max_upload_mb=args.max_upload_mb,
-                    max_runs=args.max_runs)
+                    max_uploads_mb=args.max_uploads_mb, max_runs=args.max_runs)
     print(f"homerl app: http://{args.host}:{args.port}", flush=True)
-    build(policy).queue().launch(server_name=args.host, server_port=args.port, auth=auth,
-                                 max_file_size=f"{args.max_upload_mb:g}mb", show_error=True,
-                                 quiet=True, ssr_mode=False)
+    build(policy).queue().launch(
+        server_name=args.host, server_port=args.port, auth=auth and LoginGuard(*auth),
+        app_kwargs={"middleware": [Middleware(ClientOfLogin)]},
+        max_file_size=f"{args.max_upload_mb:g}mb", show_error=True, quiet=True, ssr_mode=False)
     return 0
 
 

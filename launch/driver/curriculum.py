@@ -145,13 +145,22 @@ def parse_stages(spec: str, cfg) -> list[Stage]:
     return stages
 
 
-def check_code_isolation(cfg) -> None:
-    """python-tests runs the policy's code: refuse, in one line and before any actor starts,
-    where the OS cannot isolate it, unless the user turned the isolation off."""
+def check_code_isolation(cfg, field: str = "curriculum.verifier") -> None:
+    """python-tests runs the policy's code: refuse, in one line (naming `field`, the setting
+    that asks for it) and before any actor starts, where the OS cannot isolate it, unless the
+    user turned the isolation off."""
     try:
         require_isolation(cfg.reward.unsandboxed_code)
     except IsolationError as e:
-        raise ConfigError(f"curriculum.verifier: {e}") from None
+        raise ConfigError(f"{field}: {e}") from None
+
+
+def code_field(cfg, stages: list[Stage]) -> str | None:
+    """The setting that makes python-tests score this run (a file stage's verifier, or
+    reward.fn naming it), or None."""
+    if any(s.task == "file" for s in stages) and cfg.curriculum.verifier == CODE:
+        return "curriculum.verifier"
+    return "reward.fn" if CODE in cfg.reward.fns() else None
 
 
 def stage_task(cfg, stage: Stage):
@@ -168,8 +177,8 @@ class Curriculum:
         self.cfg = cfg
         self.stages = parse_stages(cfg.curriculum.stages, cfg)
         self.tasks = [stage_task(cfg, s) for s in self.stages]
-        if any(s.task == "file" for s in self.stages) and cfg.curriculum.verifier == CODE:
-            check_code_isolation(cfg)
+        if (field := code_field(cfg, self.stages)) is not None:
+            check_code_isolation(cfg, field)
         self.orders: list[list[int] | None] = [None] * len(self.stages)  # SENT order per stage
         self.stage, self.stage_start = 0, 0
         self.trained = [0] * len(self.stages)  # training prompts each stage has used

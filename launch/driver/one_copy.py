@@ -34,10 +34,11 @@ LIVE = "live"
 class OneCopy:
     """The learner and its rollout engine in one process, on one copy of the weights."""
 
-    def __init__(self, cfg, name: str = "rollout-0"):
+    def __init__(self, cfg, name: str = "rollout-0", fn_code: dict[str, bytes] | None = None):
         self.cfg = cfg
         self.learner = Learner(cfg)
-        self.sampler = HFRolloutWorker(cfg, name=name, policy=self.learner.model)
+        self.sampler = HFRolloutWorker(cfg, name=name, policy=self.learner.model,
+                                       fn_code=fn_code)
 
     # ---- the learner's role ----------------------------------------------------------------
     def ready(self) -> dict:

@@ -81,13 +81,16 @@ class WorkerPool:
     """N rollout actors of one class, kept alive and at a known weight version."""
 
     def __init__(self, cfg, worker_cls, layout: Layout | None = None, tag: str = "",
-                 nf4: ray.ObjectRef | None = None, learner=None):
+                 nf4: ray.ObjectRef | None = None, learner=None,
+                 fn_code: dict[str, bytes] | None = None):
         """`layout`: where each worker goes (launch/driver/placement.py); None: anywhere. `nf4`: the
         learner's NF4 bytes (QLoRA), handed to every worker, replacements included.
         `learner`: one-copy mode (launch/driver/one_copy.py): the learner's actor is the one worker,
         and its death is the learner's (the run restores its checkpoint), never replaced
-        here."""
+        here. `fn_code`: the packed `by-value:` reward functions every worker gets, replacements
+        included."""
         self.cfg, self.tag, self.nf4, self.learner = cfg, tag, nf4, learner
+        self.fn_code = fn_code
         self.remote_cls = None if learner is not None else ray.remote(worker_cls)
         self.layout = layout
         self.payloads: dict[int, ray.ObjectRef] = {}  # version -> export ref in the object store
@@ -108,6 +111,8 @@ class WorkerPool:
         name = f"rollout-{i}" + (f"-r{self.restarts}" if self.restarts else "")
         opts["name"] = f"{name}:{self.tag}" if self.tag else name
         extra = {"nf4": self.nf4} if self.nf4 is not None else {}
+        if self.fn_code:
+            extra["fn_code"] = self.fn_code
         return self.remote_cls.options(**opts).remote(self.cfg, name=name, **extra)
 
     # ---- weights -------------------------------------------------------------------------

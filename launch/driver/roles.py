@@ -98,14 +98,17 @@ def rollout_worker_class(cfg: Config):
     return VLLMRolloutWorker
 
 
-def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runtime_env=None):
+def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runtime_env=None,
+                fn_code: dict[str, bytes] | None = None):
     """(learner actor, WorkerPool). On a shared card the workers start after the learner
     answers `ready()`, i.e. holds its model (see the module docstring). In one-copy mode the
-    learner's actor is the pool's one worker (launch/driver/one_copy.py)."""
+    learner's actor is the pool's one worker (launch/driver/one_copy.py). `fn_code`: the packed
+    `by-value:` reward functions, handed to whichever actor scores rollouts."""
+    one_copy = {"fn_code": fn_code} if cfg.rollout.one_copy and fn_code else {}
     learner = ray.remote(OneCopy if cfg.rollout.one_copy else Learner).options(
         num_cpus=cfg.rollout.learner_threads, num_gpus=layout.learner_gpus,
         name=f"learner:{tag}", scheduling_strategy=layout.learner_strategy(),
-        runtime_env=runtime_env).remote(cfg)
+        runtime_env=runtime_env).remote(cfg, **one_copy)
     if cfg.rollout.one_copy:
         return learner, WorkerPool(cfg, None, layout, tag=tag, learner=learner)
     worker_cls = rollout_worker_class(cfg)
@@ -116,4 +119,4 @@ def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runt
     # QLoRA: every worker dequantises the learner's own NF4 bytes (Ray resolves the reference
     # before a worker's __init__ runs, so a worker also starts after the learner's model)
     nf4 = learner.nf4_state.remote() if cfg.lora.mode == "qlora" else None
-    return learner, WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4)
+    return learner, WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4, fn_code=fn_code)

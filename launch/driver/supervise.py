@@ -19,16 +19,17 @@ class LearnerLostError(RuntimeError):
     """The learner died more often than run.max_learner_restarts allows."""
 
 
-def run_supervised(trainer) -> dict:
+def run_supervised(trainer, **run_kwargs) -> dict:
     """`trainer.run()`, surviving the learner's death: the run's actors are replaced and it
     goes on from its last checkpoint (weights, optimizer, RNG, curriculum, the rollouts already
     made for later steps), so steps after that checkpoint are redone and metrics.jsonl keeps
-    one row per step. Shuts down whichever trainer is current when it returns or raises."""
+    one row per step. Shuts down whichever trainer is current when it returns or raises.
+    `run_kwargs` go to every `trainer.run` (its progress stream, its `on_step` hook)."""
     limit = trainer.cfg.run.max_learner_restarts
     try:
         while True:
             try:
-                return trainer.run()
+                return trainer.run(**run_kwargs)
             except Exception as err:
                 if trainer.learner_alive():
                     raise

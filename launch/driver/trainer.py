@@ -46,6 +46,7 @@ from launch.rundir.checkpoints import (
     list_checkpoints,
     newest_readable,
 )
+from launch.rundir.reward_code import read_reward_code
 from learner.advantages import plan_step
 from rewards.fnbatch import check_reward_fns
 from tasks import DatasetError
@@ -74,7 +75,8 @@ class Trainer:
         self.learner_restarts = learner_restarts  # learner deaths survived (run_supervised)
         refuse_missing_gpu(cfg)  # seconds, not the minutes a dataset or model load would take
         self.curriculum = Curriculum(cfg)  # bad stages or data fail here, before any actor
-        check_reward_fns(cfg.reward)  # so does a reward.fn that cannot be imported
+        self.fn_code = read_reward_code(run_dir, cfg.reward)  # by-value functions' bytes
+        check_reward_fns(cfg.reward, self.fn_code)  # so does a reward.fn that cannot load
         self.trained_stage, self.tag = 0, os.path.basename(os.path.normpath(run_dir))
         resolve_model(cfg.model.name)  # a missing model fails here in one line, not in an actor
         # an unreadable checkpoint fails here too, unless an older one is readable
@@ -90,7 +92,8 @@ class Trainer:
         cpu_tcmalloc = cfg.run.learner_tcmalloc and not self.layout.learner_gpus
         # a shared card: the learner holds its model before the engine starts (driver/roles.py)
         self.learner, self.pool = start_roles(cfg, self.devices, self.layout, self.tag,
-                                              tcmalloc_env() if cpu_tcmalloc else None)
+                                              tcmalloc_env() if cpu_tcmalloc else None,
+                                              fn_code=self.fn_code)
         self.pool.push(self.learner.export.remote(), 0, initial=True)  # what workers start with
         self.ckpt = self.checkpointer_class(cfg, run_dir, self.learner)
         self.unlogged: dict | None = None  # a step's row until the checkpoint after it is done
@@ -193,15 +196,21 @@ class Trainer:
         self.trained_stage = stage
         return out
 
-    def run(self, progress=None) -> dict:
+    def run(self, progress=None, on_step=None) -> dict:
+        """Train steps start..run.steps and finish; returns the summary. `on_step(k, row)`
+        after each step: True stops the run there as RUN_DIR/STOP does (a checkpoint, then
+        RunStopped). `progress`: the bar's stream (False: no bar)."""
         cfg, t_start = self.cfg, time.perf_counter()
         bar = tqdm(range(self.start, cfg.run.steps), desc="train", unit="step",
-                   initial=self.start, total=cfg.run.steps, file=progress or sys.stdout)
+                   initial=self.start, total=cfg.run.steps, disable=progress is False,
+                   file=progress or sys.stdout)
         for k in bar:
             row = self.step(k)
             bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.2f}", acc=f"{row[M.REWARD_CORRECT]:.2f}",
                             s_step=f"{row[M.STEP_S]:.1f}")
-            if k + 1 < cfg.run.steps and run_files.stop_requested(self.run_dir):
+            stop = bool(on_step(k, row)) if on_step is not None else False
+            if k + 1 < cfg.run.steps and (stop or run_files.stop_requested(self.run_dir)):
+                bar.close()
                 self.stop(k + 1)
         return self.finish(time.perf_counter() - t_start)
 

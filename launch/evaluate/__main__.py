@@ -36,11 +36,11 @@ import json
 import sys
 
 import torch
-from tasks import DatasetError
 
 from common.models import ModelNotFoundError, cpu_supports_bf16
 from launch.cli import OneLineParser
 from launch.evaluate.saved_models import (
+    check_code_isolation,
     connect_for_eval,
     evaluate_many,
     facts_table,
@@ -48,6 +48,8 @@ from launch.evaluate.saved_models import (
     table,
 )
 from launch.evaluate.sets import add_file_flags, requested_sets
+from rewards.verifiers.python_tests import IsolationError
+from tasks import DatasetError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +102,7 @@ def main(argv=None) -> int:
     bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_supports_bf16())
     try:
         sets = requested_sets(args)
+        check_code_isolation(sets)  # before any model loads or Ray starts
         threads = args.threads or 1
         for name in args.model:
             resolve_model_or_final(name)  # a missing model fails before Ray starts
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
         results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
                                 args.max_new_tokens, args.batch_size, workers, threads,
                                 args.samples)
-    except (ModelNotFoundError, DatasetError, ValueError) as e:
+    except (ModelNotFoundError, DatasetError, ValueError, IsolationError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2
     if len(results) == 1 and len(sets) == 1:

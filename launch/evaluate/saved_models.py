@@ -23,6 +23,7 @@ from actors.eval_worker import (
 from common.models import resolve_model
 from launch.driver.placement import start_local_cluster
 from launch.evaluate.scoring import score
+from rewards.verifiers.python_tests import require_isolation
 
 
 def evaluate(model, tokenizer, samples: list[dict], max_new_tokens: int = 64,
@@ -100,14 +101,24 @@ def facts_table(results: list[dict], sets: list[str]) -> str | None:
     return table(flat, names)
 
 
+def check_code_isolation(sets: dict[str, list[dict]]) -> None:
+    """Where a set is checked by python-tests (it runs the models' code), raise
+    `IsolationError` (one line) now, before any model loads, unless this machine can isolate
+    that code (the evaluation's verifier never runs it unisolated)."""
+    if any(s.get("verifier") == "python-tests" for samples in sets.values() for s in samples):
+        require_isolation()
+
+
 def evaluate_many(models: list[str], sets: dict[str, list[dict]], dtype, max_new_tokens: int,
                   batch_size: int, workers: int = 0, threads: int = 1, k: int = 0
                   ) -> list[dict]:
     """Every model on every set: [{"model", "sets": {set: result}}].
 
     workers > 0: each model is loaded by that many `EvalWorker` actors (`threads` torch threads
-    each) on the connected Ray cluster, and every set is split across them.
+    each) on the connected Ray cluster, and every set is split across them. A python-tests set
+    where code cannot be isolated raises `IsolationError` first (`check_code_isolation`).
     """
+    check_code_isolation(sets)
     out = []
     for name in models:
         if workers:

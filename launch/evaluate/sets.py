@@ -58,6 +58,9 @@ def add_file_flags(p) -> None:
                    help="--task file: a system message before every prompt")
     p.add_argument("--instruction", default=d.instruction,
                    help="--task file: text after every prompt (empty: the verifier's)")
+    p.add_argument("--prompt-as-is", action="store_true",
+                   help="--task file: each prompt as the file holds it, nothing added (TRL's "
+                        "convention; a run from homerl.GRPOTrainer trains so)")
     p.add_argument("--heldout-path", default=d.heldout_path,
                    help="--task file: a file of held-out prompts (empty: split off --data)")
     p.add_argument("--heldout-size", type=int, default=d.heldout_size,
@@ -73,7 +76,8 @@ def file_set(args) -> dict[str, list[dict]]:
     if args.heldout_size < 0:
         raise ValueError(f"--heldout-size: must be >= 0; got {args.heldout_size}")
     opts = FileOptions(args.prompt_field, args.answer_field, args.verifier, args.system_prompt,
-                       args.instruction, args.heldout_path, args.heldout_size, args.heldout_seed)
+                       args.instruction, args.heldout_path, args.heldout_size, args.heldout_seed,
+                       args.prompt_as_is)
     samples = make_task("file", data_path=args.data, file_options=opts).heldout(args.n)
     if not samples:
         raise DatasetError(f"{args.data}: no held-out prompts to score (--heldout-size 0 and no "

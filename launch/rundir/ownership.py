@@ -10,12 +10,16 @@
 `--run-dir D` takes a new, empty or pre-created (marker, nothing trained yet) directory and
 refuses any other in one line; `--resume D` refuses a directory that is not a run. A second
 driver on a run gets one line naming the holder; a dead holder's lock (flock released with its
-process, even after SIGKILL) is taken over.
+process, even after SIGKILL) is taken over. The lock and the history are never opened through a
+symbolic link. Every entry point that writes a run directory opens it through
+`launch.cli.plan_run` and `claim_run` (`launch.train` and `launch.demo` by `open_run`,
+`homerl.GRPOTrainer.train` directly).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -62,31 +66,38 @@ def _listing(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + more
 
 
-def why_not_new(run_dir: str) -> str | None:
+def flag(name: str) -> str:
+    """How the command line spells config field (or option) `name`: what the messages here
+    and in launch/rundir/resume.py call it unless their caller spells it otherwise."""
+    return {"run.run_dir": "--run-dir", "run.cores": "--cores"}.get(name, f"--{name}")
+
+
+def why_not_new(run_dir: str, spell=flag) -> str | None:
     """Why a new run cannot go into `run_dir` (one line), or None: it is missing, empty, or a
     run created but not trained yet (the web app's)."""
     if not os.path.isdir(run_dir):
         return None
     trained = trained_files(run_dir)
+    where, resume = spell("run.run_dir"), spell("resume")
     if trained:
         what = "metrics.jsonl" if "metrics.jsonl" in trained else _listing(trained)
-        return (f"--run-dir {run_dir} already holds a run ({what}): continue it with --resume "
-                f"{run_dir}, or pick another --run-dir")
+        return (f"{where} {run_dir} already holds a run ({what}): continue it with {resume} "
+                f"{run_dir}, or pick another {where}")
     names = sorted(set(os.listdir(run_dir)) - OWN_FILES)
     if names and not os.path.exists(os.path.join(run_dir, MARKER)):
-        return (f"--run-dir {run_dir} is not empty and is not a homerl run (it holds "
+        return (f"{where} {run_dir} is not empty and is not a homerl run (it holds "
                 f"{_listing(names)}): pick a new or empty directory; to continue a run of "
-                f"this project use --resume RUN_DIR")
+                f"this project use {resume} RUN_DIR")
     return None
 
 
-def why_not_run(run_dir: str) -> str | None:
-    """Why `--resume run_dir` cannot continue it (one line), or None."""
+def why_not_run(run_dir: str, spell=flag) -> str | None:
+    """Why a resume of `run_dir` cannot continue it (one line), or None."""
     if not os.path.isdir(run_dir):
-        return f"--resume {run_dir}: no such directory"
+        return f"{spell('resume')} {run_dir}: no such directory"
     if not is_run(run_dir):
-        return (f"--resume {run_dir}: not a homerl run (no {MARKER}, metrics.jsonl or "
-                "checkpoint)")
+        return (f"{spell('resume')} {run_dir}: not a homerl run (no {MARKER}, metrics.jsonl "
+                "or checkpoint)")
     return None
 
 
@@ -111,7 +122,7 @@ def lock_run(run_dir: str) -> RunLock:
     raise RunBusyError naming the live holder. The fd is not inherited by child processes, so
     the lock goes with this process however it ends."""
     path = os.path.join(run_dir, LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_own(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -154,8 +165,21 @@ def record_history(run_dir: str, event: str, argv: list[str], changes: dict) -> 
     command line, and {field: [old, new]} for each setting a resume changed."""
     row = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "event": event, "argv": argv,
            "changes": changes}
-    path = os.path.join(run_dir, HISTORY)
-    with open(path, "a") as f:
+    fd = _open_own(os.path.join(run_dir, HISTORY), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def _open_own(path: str, flags: int) -> int:
+    """Open one of this module's files, never through a symbolic link: a link planted in the
+    run directory would make the lock's truncation or the history's append write to its
+    target. A link there is an OSError naming the file (one line where the caller reports)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link; remove it (homerl never "
+                                       "follows one there)") from None
+        raise

@@ -14,6 +14,7 @@ import json
 import os
 
 from common.config import Config, ConfigError
+from launch.rundir.ownership import flag
 
 RESUMABLE = ("run.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.sample_every",
              "run.eval_n", "run.wandb_project", "run.max_learner_restarts",
@@ -56,27 +57,28 @@ def _get(cfg: Config, name: str):
     return getattr(getattr(cfg, section), field)
 
 
-def resume_config(args: argparse.Namespace, flags_cfg: Config) -> tuple[Config, dict]:
-    """(the run's config with the RESUMABLE flags applied, {field: [old, new]}). `flags_cfg`
-    is the config the flags parsed into (their typed values). A ConfigError (one line) for an
-    unreadable config.json or a flag a resume may not change."""
-    run_dir = args.resume
+def resume_config(run_dir: str, flags_cfg: Config, given: list[str], preset: str | None = None,
+                  spell=flag) -> tuple[Config, dict]:
+    """(the run's config with the RESUMABLE fields among `given` applied, {field: [old, new]}).
+    `flags_cfg` holds the given fields' typed values; `preset` the preset named, if any;
+    `spell(name)` how the caller's user writes a field (a flag by default). A ConfigError (one
+    line) for an unreadable config.json or a field a resume may not change."""
     saved = read_run_config(os.path.join(run_dir, "config.json"))
     refused, changes = [], {}
-    if args.preset is not None and args.preset != saved.preset:
-        refused.append("--preset")
-    for name in given_flags(args):
+    if preset is not None and preset != saved.preset:
+        refused.append(spell("preset"))
+    for name in given:
         old, new = _get(saved, name), _get(flags_cfg, name)
         if name == "run.run_dir":
             if os.path.abspath(new) != os.path.abspath(run_dir):
-                refused.append("--run-dir")
+                refused.append(spell(name))
         elif new != old:
             (changes.__setitem__(name, [old, new]) if name in RESUMABLE
-             else refused.append(f"--{name}"))
+             else refused.append(spell(name)))
     if refused:
-        allowed = ", ".join(f"--{n}" for n in RESUMABLE)
-        raise ConfigError(f"--resume {run_dir}: {', '.join(refused)} cannot change on resume "
-                          "(it would change what is learnt or the data order); drop it, or "
+        allowed = ", ".join(spell(n) for n in RESUMABLE)
+        raise ConfigError(f"{spell('resume')} {run_dir}: {', '.join(refused)} cannot change on "
+                          "resume (it would change what is learnt or the data order); drop it, or "
                           f"start a new run. A resume may change: {allowed}")
     cfg = saved.to_dict()
     for name, (_, new) in changes.items():
@@ -85,4 +87,4 @@ def resume_config(args: argparse.Namespace, flags_cfg: Config) -> tuple[Config, 
     try:
         return Config.from_dict(cfg), changes
     except (ConfigError, TypeError, ValueError) as e:
-        raise ConfigError(f"--resume {run_dir}: {e}") from None
+        raise ConfigError(f"{spell('resume')} {run_dir}: {e}") from None

@@ -1,7 +1,9 @@
 """The launcher that isolates a reply's code before `rewards.sandbox.harness` runs it.
 
 Not imported: `rewards.verifiers.python_tests` runs ``python -I -S jail.py CONFIG_JSON`` (standard
-library only) with the payload and report descriptors passed open. It:
+library only) with the payload and report descriptors passed open; CONFIG_JSON holds the
+harness program's text (``program``) and what of the interpreter to show (``expose``, ``hide``).
+It:
 
 1. dies with the verifier process that started it (``PR_SET_PDEATHSIG``);
 2. unshares new network, mount, PID, IPC and UTS namespaces (as root; otherwise, or where
@@ -12,10 +14,12 @@ library only) with the payload and report descriptors passed open. It:
    killed, the kernel kills every process left in the namespace (forked, daemonised,
    in a new session: all of them);
 4. that process builds a new root on a small tmpfs and ``pivot_root``s into it, detaching
-   the old one: it holds only ``/usr`` (and the ``/bin``, ``/lib*`` links or binds), the
-   interpreter's install prefix, ``/etc/ld.so.cache``, ``/dev/{null,zero,random,urandom}``
-   and an empty scratch tmpfs at ``/tmp`` (its cwd and HOME); all read-only but ``/tmp``,
-   nosuid; no ``/proc``, ``/sys``, ``/home``, ``/root``, ``/run``, repository or run files;
+   the old one: it holds only ``/usr`` (and the ``/bin``, ``/lib*`` links or binds), what the
+   interpreter needs when it lives elsewhere (its binary, its shared libraries, its standard
+   library without ``site-packages``: ``expose`` and ``hide``, never the rest of its install
+   prefix or home directory), ``/etc/ld.so.cache``, ``/dev/{null,zero,random,urandom}`` and
+   an empty scratch tmpfs at ``/tmp`` (its cwd and HOME); all read-only but ``/tmp``, nosuid;
+   no ``/proc``, ``/sys``, ``/home``, ``/root``, ``/run``, repository or run files;
 5. sets the resource limits (CPU seconds, address space, processes, file size, open files,
    no core files), switches to an unprivileged uid (as root: a uid of its own, 10^9 + the
    launcher's pid, so that the process limit counts only this run's processes), sets
@@ -133,6 +137,9 @@ def _new_root(cfg, owner):
     for path, (fd, is_dir) in sorted(sources.items()):
         _bind(fd, root + path, is_dir)
         os.close(fd)
+    for path in cfg.get("hide", ()):  # an empty directory over it (site-packages)
+        if os.path.isdir(root + path):
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
     os.mkdir(root + "/tmp")
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={cfg['limits']['scratch_bytes']},mode=0700")
@@ -167,7 +174,7 @@ def _limit(limits):
         resource.setrlimit(which, (value, hard))
 
 
-def _child(cfg, harness, user, uid):
+def _child(cfg, user, uid):
     """PID 1 of the new namespace: build the root, drop everything, exec the harness."""
     keep = sorted({0, 1, 2, cfg["payload_fd"], cfg["report_fd"]})
     _new_root(cfg, None if user else uid)
@@ -183,7 +190,7 @@ def _child(cfg, harness, user, uid):
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "MALLOC_ARENA_MAX": "2"}
     python = cfg["python"]
-    os.execve(python, [python, "-I", "-S", "-c", harness,
+    os.execve(python, [python, "-I", "-S", "-c", cfg["program"],
                        str(cfg["payload_fd"]), str(cfg["report_fd"])], env)
 
 
@@ -199,8 +206,6 @@ def main(cfg):
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         if os.getppid() != cfg["parent"]:
             _fail(report_fd, "the verifier process is gone")
-        with open(cfg["harness"]) as f:
-            harness = f.read()
         user = os.geteuid() != 0
         uid = None if user else _own_uid()
         try:
@@ -216,7 +221,7 @@ def main(cfg):
     pid = os.fork()
     if pid == 0:
         try:
-            _child(cfg, harness, user, uid)
+            _child(cfg, user, uid)
         except (SetupError, OSError) as e:
             _fail(report_fd, str(e))
     _, status = os.waitpid(pid, 0)

@@ -234,18 +234,20 @@ class VerifierPool:
                 pending = self._collect(conn, pending, results, timeouts)
             return results  # type: ignore[return-value]  # every slot is filled
 
-    def call_fn(self, spec: str, kwargs: dict | None, timeout_s: float) -> FnOutcome:
-        """Call reward function `spec` ("module:function") with `kwargs` (`rewards.userfns`)
-        in the worker, within `timeout_s` seconds (its first import included); kwargs None:
-        only import it, to check it. A fault of the function is an outcome, never an exception
-        here: one that overruns gets "fn_timeout", one that exhausts the worker's memory
-        "out_of_memory" (both replace the worker), one that raises "fn_error"."""
+    def call_fn(self, spec: str, kwargs: dict | None, timeout_s: float,
+                code: bytes | None = None) -> FnOutcome:
+        """Call reward function `spec` ("module:function"; `code`: the bytes of a `by-value:`
+        one) with `kwargs` (`rewards.userfns`) in the worker, within `timeout_s` seconds (its
+        first import included); kwargs None: only load it, to check it. A fault of the
+        function is an outcome, never an exception here: one that overruns gets "fn_timeout",
+        one that exhausts the worker's memory "out_of_memory" (both replace the worker), one
+        that raises "fn_error"."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         with self._lock:
             if self._closed:
                 raise RuntimeError("VerifierPool is closed")
-            conn = self._send_batch(FnCall(spec, kwargs))
+            conn = self._send_batch(FnCall(spec, kwargs, code))
             outcome = self._receive_fn(conn, timeout_s)
             if outcome.error == OUT_OF_MEMORY:  # the worker exits after it: reap it
                 self._stop_worker()

