@@ -73,7 +73,20 @@ def test_a_report_of_one_system_has_no_ratio_against_the_other():
            "curve": [(95.0, 5, 0.41)], "setup_s": 9.0}
     lines = report([run], 0.2, 0.4, args)
     assert not any(line.startswith("trl") for line in lines)
+    assert "1 evaluations, at steps 5" in lines[2], lines
     assert lines[-1] == "ratio TRL/ours: n/a (only ours run)"
+
+
+def test_trl_updates_on_as_many_completions_as_ours(tmp_path):
+    pytest.importorskip("trl")
+    from common.presets import get_preset
+    from tools.compare.time_to_accuracy import trl_args
+
+    demo = get_preset("cpu-demo")
+    args = trl_args(demo, str(tmp_path), 0)
+    ours = demo.rollout.prompts_per_step * demo.rollout.group_size
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == ours
+    assert args.generation_batch_size == ours and args.num_generations == demo.rollout.group_size
 
 
 def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):

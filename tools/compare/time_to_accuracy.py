@@ -15,9 +15,10 @@ The target is the base model's accuracy on it plus `--gain` (8 points).
 Ours: the `cpu-demo` preset as a user gets it (`launch.train --preset cpu-demo --seed S`: 2
 prompts x G=8, 40 new tokens, temperature 0.8, LoRA r=16, lr 3e-4, every completion token in
 the loss, 1 vLLM (CPU wheel) rollout worker + 1 learner, 1 thread each, max_staleness 1). TRL: its
-GRPOConfig defaults (8 completions = 1 prompt per step, DAPO loss on all tokens, clip 0.2,
-beta 0, one update per generation, all cores as torch threads), with ours' learning rate
-(constant), G, LoRA, max new tokens, temperature and reward; gradient checkpointing off and
+GRPOConfig defaults (DAPO loss on all tokens, clip 0.2, beta 0, one update per generation, all
+cores as torch threads), with ours' completions per update (2 prompts x G=8 = 16, not TRL's
+default 8: both systems update on equal terms), learning rate (constant), G, LoRA, max new
+tokens, temperature and reward; gradient checkpointing off and
 fp32 (its defaults trade compute for memory and assume bf16 hardware; this CPU has no AMX:
 fp32 is its fast dtype).
 
@@ -185,9 +186,25 @@ def trl_reward(format_weight: float):
     return homerl_reward
 
 
+def trl_args(demo, out_dir: str, seed: int):
+    """TRL's GRPOConfig for the race: its defaults, with ours' completions per update, G,
+    lengths, temperature and learning rate (the module docstring)."""
+    import trl
+
+    r, g = demo.rollout, demo.grpo
+    return trl.GRPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False,
+        num_generations=r.group_size, max_completion_length=r.max_new_tokens,
+        # equal terms: TRL updates on ours' completions per update (prompts x G), not its 8
+        per_device_train_batch_size=r.prompts_per_step * r.group_size,
+        gradient_accumulation_steps=1,
+        temperature=r.temperature, learning_rate=g.lr, lr_scheduler_type="constant",
+        max_steps=100_000, save_strategy="no", report_to="none", seed=seed,
+        disable_tqdm=True, logging_steps=10)
+
+
 def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
     """TRL's GRPOTrainer in this process, paused by a callback at the marks."""
-    import trl
     from transformers import TrainerCallback
 
     demo = get_preset("cpu-demo")
@@ -218,16 +235,9 @@ def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
     task = make_task("arith", 1, None, seed)
     rows = [{"prompt": format_prompt(tok, p["question"]), "answer": p["answer"]}
             for p in (task.train_sample(i) for i in range(4000))]
-    r, g = demo.rollout, demo.grpo
-    args = trl.GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False,
-        num_generations=r.group_size, max_completion_length=r.max_new_tokens,
-        temperature=r.temperature, learning_rate=g.lr, lr_scheduler_type="constant",
-        max_steps=100_000, save_strategy="no", report_to="none", seed=seed,
-        disable_tqdm=True, logging_steps=10)
     clock = Clock()
-    trainer = trl_trainer(path, tok, rows, trl_reward(r.format_weight), args, demo.lora.r,
-                          demo.lora.alpha, clock)
+    trainer = trl_trainer(path, tok, rows, trl_reward(demo.rollout.format_weight),
+                          trl_args(demo, out_dir, seed), demo.lora.r, demo.lora.alpha, clock)
     setup_s = time.perf_counter() - t0
     trainer.train()
     del trainer
@@ -261,7 +271,8 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
                          + (f"target at {tta:.0f} s" if tta is not None
                             else f"target not reached in {x['clock_s']:.0f} s")
                          + f", {x['steps']} steps, last accuracy {x['curve'][-1][2]:.3f}, "
-                         f"setup {x['setup_s']:.0f} s")
+                         f"setup {x['setup_s']:.0f} s; {len(x['curve'])} evaluations, at "
+                         f"steps {' '.join(str(step) for _, step, _ in x['curve'])}")
         reached = [x["tta_s"] for x in mine if x["tta_s"] is not None]
         medians[system] = censored_median([x["tta_s"] for x in mine])
         spread = f" (range {min(reached):.0f}-{max(reached):.0f})" if reached else ""
@@ -308,7 +319,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--systems", default="ours,trl", choices=["ours,trl", "trl,ours", "ours",
                                                               "trl"])
-    p.add_argument("--n", type=int, default=100, help="held-out problems")
+    p.add_argument("--n", type=int, default=200, help="held-out problems")
     p.add_argument("--gain", type=float, default=0.08, help="target = base accuracy + gain")
     p.add_argument("--budget-s", type=float, default=600.0,
                    help="training seconds per run before it gives up")

@@ -6,7 +6,12 @@ settings, each in its own process (vLLM's engine starts inside TRL's):
     colocate-lora   GRPOConfig(use_vllm=True, vllm_mode="colocate", use_cpu=True) + LoRA
     colocate-full   the same, full weights (no peft_config)
 
-each for one GRPO step. It prints `ok` or the exception and where it was raised. Server mode
+each for three GRPO steps at a learning rate (1e-2) large enough that the trained policy's
+log-probs move well away from the base model's (TRL syncs the weights into vLLM before every
+generation). It prints the exception and where it was raised, or, when training went through,
+whether the weights reached vLLM's kernels: the log-probs vLLM gives a fixed text, against the
+trained policy's and the base model's (transformers, fp32). A sync that raises nothing but
+leaves vLLM on the base weights would make TRL's GRPO silently off-policy. Server mode
 (`trl vllm-serve` + `vllm_mode="server"`) is not started: TRL's client refuses to synchronise
 weights to a server from a non-CUDA device (`VLLMClient.init_communicator`), so a CPU run in
 that mode would never update the server's weights; the line quoting that check is printed from
@@ -27,6 +32,12 @@ import sys
 import tempfile
 import traceback
 
+import torch
+
+from common.models import load_model, load_tokenizer, resolve_model
+from tools.compare.bench import make_reward, trl_config, trl_rows
+from tools.compare.settings import LORA_TARGETS, Settings
+
 CONFIGS = ("colocate-lora", "colocate-full")
 
 
@@ -41,38 +52,64 @@ def _versions() -> str:
 
 
 def try_one(name: str) -> str:
-    """One step of TRL with vLLM in configuration `name`; 'ok' or the error and its frame."""
-    import datasets
+    """Two steps of TRL with vLLM in configuration `name`; 'ok' or the error and its frame."""
+    import datasets  # TRL's stack loads in the probe's own process only
     import peft
     import trl
 
-    from common.models import load_model, load_tokenizer, resolve_model
-    from tools.compare.bench import make_reward, trl_config, trl_rows
-    from tools.compare.settings import LORA_TARGETS, Settings
-
-    s = Settings(steps=1, warmup=0)
+    s = Settings(steps=3, warmup=0, lr=1e-2)
     path = resolve_model(s.model)
     tok = load_tokenizer(path)
     with tempfile.TemporaryDirectory(prefix="homerl-trl-vllm-") as out:
         args = trl_config(s, out)
-        args.use_vllm, args.vllm_mode, args.max_steps = True, "colocate", 1
+        args.use_vllm, args.vllm_mode, args.max_steps = True, "colocate", s.steps
         lora = (peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                                 target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
                 if name == "colocate-lora" else None)
         try:
-            import torch
-
             trainer = trl.GRPOTrainer(
                 model=load_model(path, torch.float32), args=args, processing_class=tok,
                 reward_funcs=make_reward(s.format_weight, [], []), peft_config=lora,
                 train_dataset=datasets.Dataset.from_list(trl_rows(s, tok)))
             trainer.train()
+            return f"trained {s.steps} steps; " + reached(trainer, tok, path)
         except Exception as e:  # noqa: BLE001 - the point is to report whatever it was
             frame = traceback.extract_tb(e.__traceback__)[-1]
             where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
             first = (str(e).strip().splitlines() or [""])[0]
             return f"{type(e).__name__}: {first} (raised in {where})"
-    return "ok"
+
+
+TEXT = "Question: What is 7 + 5?\nSolve the problem. 7 + 5 = 12\nAnswer: 12"
+
+
+def reached(trainer, tok, base_path: str) -> str:
+    """Whether vLLM generates from the trained weights: the mean |log-prob difference| of
+    TEXT's tokens, vLLM against the trained policy and against the base model."""
+    from vllm import SamplingParams  # vLLM is loaded by TRL in this process already
+
+    ids = tok(TEXT)["input_ids"]
+    out = trainer.vllm_generation.llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+        use_tqdm=False)
+    got = out[0].prompt_logprobs[1:]  # the first token has none
+    vllm_lp = torch.tensor([d[t].logprob for d, t in zip(got, ids[1:])])
+
+    def logprobs(model) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+    model = trainer.model
+    if hasattr(model, "merge_adapter"):
+        model = model.merge_and_unload()
+    trained = (vllm_lp - logprobs(model.float())).abs().mean().item()
+    base = (vllm_lp - logprobs(load_model(base_path, torch.float32))).abs().mean().item()
+    verdict = ("the trained weights reached vLLM" if trained < base / 10 else
+               "vLLM still generates from the base weights: the sync did not reach its kernels"
+               if base < trained / 10 else "inconclusive")
+    return (f"vLLM's log-probs differ from the trained policy's by {trained:.2g} and from the "
+            f"base model's by {base:.2g}: {verdict}")
 
 
 def server_check() -> str:
