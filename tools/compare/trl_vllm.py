@@ -1,26 +1,23 @@
-"""Can TRL generate with vLLM on a CPU? What a TRL user would try, on the bench's model and
-settings, each in its own process (vLLM's engine starts inside TRL's):
+"""Can TRL generate with vLLM on a CPU, with its weight sync reaching the engine? What a TRL
+user would try, on the bench's model and settings, each in its own process (vLLM's engine starts
+inside TRL's):
 
-    python -m tools.compare.trl_vllm                 # one line per configuration, then why
+    python -m tools.compare.trl_vllm                 # one line per configuration
 
     colocate-lora   GRPOConfig(use_vllm=True, vllm_mode="colocate", use_cpu=True) + LoRA
     colocate-full   the same, full weights (no peft_config)
 
 each for three GRPO steps at a learning rate (1e-2) large enough that the trained policy's
-log-probs move well away from the base model's (TRL syncs the weights into vLLM before every
-generation). It prints the exception and where it was raised, or, when training went through,
-whether the weights reached vLLM's kernels: the log-probs vLLM gives a fixed text, against the
-trained policy's and the base model's (transformers, fp32). A sync that raises nothing but
-leaves vLLM on the base weights would make TRL's GRPO silently off-policy. Server mode
-(`trl vllm-serve` + `vllm_mode="server"`) is not started: TRL's client refuses to synchronise
-weights to a server from a non-CUDA device (`VLLMClient.init_communicator`), so a CPU run in
-that mode would never update the server's weights; the line quoting that check is printed from
-the installed TRL. The reason colocate fails: on a CPU, vLLM's `process_weights_after_loading`
-repacks every linear layer's weight for its GEMM kernel (`dispatch_cpu_unquantized_gemm(...,
-remove_weight=True)`) and replaces `layer.weight` by an empty Parameter without a
-`weight_loader`; TRL's weight sync calls `model.load_weights`, which looks the loader up on that
-Parameter. homerl's vLLM engine reloads through vLLM's layerwise `reload_weights`, which re-runs
-the repacking (actors/vllm_engine.py).
+log-probs move well away from the base model's. It prints the exception and where it was
+raised, or: the log-probs vLLM gives a fixed text before training against the base model's
+(the two engines' difference on equal weights), then, after TRL's own `sync_weights`, against
+the trained policy's and the base model's (transformers, fp32). Why check: on a CPU, vLLM's
+`process_weights_after_loading` may repack a linear layer's weight for its GEMM kernel and
+replace `layer.weight` (`dispatch_cpu_unquantized_gemm(..., remove_weight=True)`), so a sync
+through `model.load_weights` could raise, or raise nothing and leave the kernels on the old
+weights (GRPO silently off-policy). Server mode (`trl vllm-serve` + `vllm_mode="server"`) is
+not started: TRL's client refuses to synchronise weights from a non-CUDA device
+(`VLLMClient.init_communicator`); the line quoting that check is printed from the installed TRL.
 """
 
 from __future__ import annotations
@@ -57,12 +54,12 @@ def try_one(name: str) -> str:
     import peft
     import trl
 
-    s = Settings(steps=3, warmup=0, lr=1e-2)
+    s = Settings(steps=3, warmup=0, lr=1e-2, trl_engine="vllm")
     path = resolve_model(s.model)
     tok = load_tokenizer(path)
     with tempfile.TemporaryDirectory(prefix="homerl-trl-vllm-") as out:
         args = trl_config(s, out)
-        args.use_vllm, args.vllm_mode, args.max_steps = True, "colocate", s.steps
+        args.max_steps = s.steps
         lora = (peft.LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0,
                                 target_modules=LORA_TARGETS.split(","), task_type="CAUSAL_LM")
                 if name == "colocate-lora" else None)
@@ -71,8 +68,11 @@ def try_one(name: str) -> str:
                 model=load_model(path, torch.float32), args=args, processing_class=tok,
                 reward_funcs=make_reward(s.format_weight, [], []), peft_config=lora,
                 train_dataset=datasets.Dataset.from_list(trl_rows(s, tok)))
+            before = distance(trainer, tok, load_model(path, torch.float32))
             trainer.train()
-            return f"trained {s.steps} steps; " + reached(trainer, tok, path)
+            trainer.vllm_generation.sync_weights()  # the last update came after the last sync
+            return (f"trained {s.steps} steps; before training vLLM's log-probs differ from the "
+                    f"base model's by {before:.2g}; " + reached(trainer, tok, path, before))
         except Exception as e:  # noqa: BLE001 - the point is to report whatever it was
             frame = traceback.extract_tb(e.__traceback__)[-1]
             where = f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
@@ -83,9 +83,9 @@ def try_one(name: str) -> str:
 TEXT = "Question: What is 7 + 5?\nSolve the problem. 7 + 5 = 12\nAnswer: 12"
 
 
-def reached(trainer, tok, base_path: str) -> str:
-    """Whether vLLM generates from the trained weights: the mean |log-prob difference| of
-    TEXT's tokens, vLLM against the trained policy and against the base model."""
+def distance(trainer, tok, model) -> float:
+    """Mean |log-prob difference| over TEXT's tokens between the engine TRL generates with and
+    `model` (transformers, fp32)."""
     from vllm import SamplingParams  # vLLM is loaded by TRL in this process already
 
     ids = tok(TEXT)["input_ids"]
@@ -94,22 +94,26 @@ def reached(trainer, tok, base_path: str) -> str:
         use_tqdm=False)
     got = out[0].prompt_logprobs[1:]  # the first token has none
     vllm_lp = torch.tensor([d[t].logprob for d, t in zip(got, ids[1:])])
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    mine = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return (vllm_lp - mine).abs().mean().item()
 
-    def logprobs(model) -> torch.Tensor:
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, :-1].float()
-        return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
+def reached(trainer, tok, base_path: str, noise: float) -> str:
+    """Whether vLLM generates from the trained weights after TRL's sync: its log-probs against
+    the trained policy's and the base model's, `noise` the engines' difference on equal
+    weights."""
     model = trainer.model
-    if hasattr(model, "merge_adapter"):
+    if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    trained = (vllm_lp - logprobs(model.float())).abs().mean().item()
-    base = (vllm_lp - logprobs(load_model(base_path, torch.float32))).abs().mean().item()
-    verdict = ("the trained weights reached vLLM" if trained < base / 10 else
-               "vLLM still generates from the base weights: the sync did not reach its kernels"
-               if base < trained / 10 else "inconclusive")
-    return (f"vLLM's log-probs differ from the trained policy's by {trained:.2g} and from the "
-            f"base model's by {base:.2g}: {verdict}")
+    trained = distance(trainer, tok, model.float())
+    base = distance(trainer, tok, load_model(base_path, torch.float32))
+    ok = trained <= max(10 * noise, 0.01) and base > 10 * trained
+    verdict = ("the trained weights reached vLLM" if ok else
+               "vLLM does not generate from the trained weights")
+    return (f"after TRL's sync, from the trained policy's by {trained:.2g} and from the base "
+            f"model's by {base:.2g}: {verdict}")
 
 
 def server_check() -> str:
