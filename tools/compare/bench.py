@@ -163,7 +163,13 @@ def make_reward(format_weight: float, tokens: list, stamps: list):
 def trl_config(s: Settings, out_dir: str):
     import trl
 
-    vllm = {"use_vllm": True, "vllm_mode": "colocate"} if s.trl_engine == "vllm" else {}
+    vllm = {}
+    if s.trl_engine == "vllm":
+        vllm = {"use_vllm": True, "vllm_mode": "colocate"}
+        # vLLM's CPU engine takes a share of the machine's RAM for its KV cache by default and
+        # refuses to start where the process already holds that much (after ours ran in it);
+        # 16 sequences of this model need a few MB, so a TRL user would size it so too
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return trl.GRPOConfig(**vllm,
         output_dir=out_dir, per_device_train_batch_size=s.completions,  # counts completions
         num_generations=s.group, gradient_accumulation_steps=1,
