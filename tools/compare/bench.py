@@ -218,8 +218,11 @@ def run_trl(s: Settings) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     out = summarize(step_s, tokens, s.warmup, s.completions, peak,
                     footprint(children=False).peak_pss_gb)  # TRL scores in this process
+    # with vLLM, TRL's weight sync runs inside its generation (before the engine's call);
+    # transformers' generate reads the trained weights directly
+    sync = {} if s.trl_engine == "vllm" else {"weight sync": 0.0}
     parts = [{"generation": round(a - begin, 3), "scoring": round(b - a, 3),
-              "learning": round(end - b, 3), "weight sync": 0.0}  # generate reads the weights
+              "learning": round(end - b, 3), **sync}
              for begin, (a, b), end in zip(timer.begins, stamps, timer.marks[1:])]
     return {**out, "setup_s": timer.marks[0] - t0, "parts": parts}
 
@@ -339,7 +342,8 @@ def breakdown_lines(rounds: list[dict], warmup: int) -> list[str]:
     def step(name: str) -> float:
         return statistics.median(t for res in rounds for t in res[name]["step_s"][warmup:])
 
-    trl = {k: med("trl", k) for k in ("generation", "scoring", "learning", "weight sync")}
+    trl = {k: med("trl", k) for k in ("generation", "scoring", "learning", "weight sync")
+           if k in rounds[0]["trl"]["parts"][0]}  # with vLLM the sync is in generation
     ours = {k: med("ours", k) for k in ("waiting for the rollout", "learning", "weight sync",
                                         "generation", "scoring")}
     trl_other = step("trl") - sum(trl.values())
