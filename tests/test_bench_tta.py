@@ -83,10 +83,15 @@ def test_trl_updates_on_as_many_completions_as_ours(tmp_path):
     from tools.compare.time_to_accuracy import trl_args
 
     demo = get_preset("cpu-demo")
-    args = trl_args(demo, str(tmp_path), 0)
     ours = demo.rollout.prompts_per_step * demo.rollout.group_size
-    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == ours
-    assert args.generation_batch_size == ours and args.num_generations == demo.rollout.group_size
+    for engine in ("hf", "vllm"):
+        args = trl_args(demo, str(tmp_path), 0, engine)
+        assert args.per_device_train_batch_size * args.gradient_accumulation_steps == ours
+        assert args.generation_batch_size == ours
+        assert args.num_generations == demo.rollout.group_size
+        # TRL generates as a TRL user switches vLLM on (in its process), or with generate
+        assert (args.use_vllm, args.vllm_mode) == ((True, "colocate") if engine == "vllm"
+                                                   else (False, args.vllm_mode))
 
 
 def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):

@@ -96,8 +96,10 @@ from rewards.verifiers.reference import verify
 from tasks.prompts import format_prompt
 from tools.compare.rollout_only import rollout_only
 from tools.compare.settings import (
+    TRL_ENGINES,
     Settings,
     bench_prompts,
+    default_engine,
     fmt3,
     log,
     machine_line,
@@ -105,13 +107,9 @@ from tools.compare.settings import (
     release_memory,
     settings_line,
     start_ray,
+    trl_generation,
     trl_trainer,
 )
-
-TRL_CONFIG = {
-    "vllm": "GRPOTrainer with use_vllm=True, vllm_mode=\"colocate\" (vLLM's CPU engine in "
-            "TRL's process; python -m tools.compare.trl_vllm checks its weight sync)",
-    "hf": "GRPOTrainer with use_vllm=False (transformers' generate)"}
 
 
 def ours_parts(row: dict) -> dict:
@@ -163,14 +161,7 @@ def make_reward(format_weight: float, tokens: list, stamps: list):
 def trl_config(s: Settings, out_dir: str):
     import trl
 
-    vllm = {}
-    if s.trl_engine == "vllm":
-        vllm = {"use_vllm": True, "vllm_mode": "colocate"}
-        # vLLM's CPU engine takes a share of the machine's RAM for its KV cache by default and
-        # refuses to start where the process already holds that much (after ours ran in it);
-        # 16 sequences of this model need a few MB, so a TRL user would size it so too
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    return trl.GRPOConfig(**vllm,
+    return trl.GRPOConfig(**trl_generation(s.trl_engine),
         output_dir=out_dir, per_device_train_batch_size=s.completions,  # counts completions
         num_generations=s.group, gradient_accumulation_steps=1,
         max_completion_length=s.max_new_tokens,
@@ -304,7 +295,7 @@ def compare(s: Settings, order: list[str], runs: int = 3) -> tuple[list[str], di
     rss = [res["ours"]["peak_rss_gb"] / res["trl"]["peak_rss_gb"] for res in rounds]
     lines = [machine_line(), settings_line(s),
              f"trl configuration: TRL {importlib.metadata.version('trl')} "
-             f"{TRL_CONFIG[s.trl_engine]}"]
+             f"{TRL_ENGINES[s.trl_engine]}"]
     for i, res in enumerate(rounds, 1):
         lines += [f"run {i} " + result_line(n, res[n]) for n in ("trl", "ours")]
     lines += breakdown_lines(rounds, s.warmup)
@@ -354,10 +345,6 @@ def breakdown_lines(rounds: list[dict], warmup: int) -> list[str]:
         "ours step (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in list(ours.items())[:3])
         + f", other {ours_other:.3f}; on the rollout worker, beside the learning: generation "
         f"{ours['generation']:.3f}, scoring {ours['scoring']:.3f}"]
-
-
-def default_engine() -> str:
-    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
 
 
 # ---- CLI --------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -37,9 +38,9 @@ class Settings:
     seed: int = 0
     trl_threads: int = 2
     engine: str = "hf"
+    """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
     trl_engine: str = "hf"
     """TRL's generation: hf (transformers' generate) or vllm (use_vllm=True, colocate)"""
-    """our rollout engine: hf (generate) or vllm (vLLM's CPU wheel, when installed)"""
     max_staleness: int = 1
     """ours: rollouts may lag the learner by this many versions (launch.train's default)"""
     steps_per_call: int = 1
@@ -52,6 +53,29 @@ class Settings:
     @property
     def completions(self) -> int:
         return self.prompts * self.group
+
+
+TRL_ENGINES = {
+    "vllm": "GRPOTrainer with use_vllm=True, vllm_mode=\"colocate\" (vLLM's CPU engine in "
+            "TRL's process; python -m tools.compare.trl_vllm checks its weight sync)",
+    "hf": "GRPOTrainer with use_vllm=False (transformers' generate)"}
+"""what each `--trl-engine` runs, as the benches print it"""
+
+
+def default_engine() -> str:
+    """vllm when vLLM's CPU wheel is installed (`make bench` installs it), else hf."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def trl_generation(engine: str) -> dict:
+    """TRL's GRPOConfig fields for its generation engine, as a TRL user switches vLLM on."""
+    if engine != "vllm":
+        return {"use_vllm": False}
+    # vLLM's CPU engine takes a share of the machine's RAM for its KV cache by default and
+    # refuses to start where the process already holds that much (after ours ran in it);
+    # 16 sequences of this model need a few MB, so a TRL user would size it so too
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    return {"use_vllm": True, "vllm_mode": "colocate"}
 
 
 def log(msg: str) -> None:

@@ -18,9 +18,10 @@ the loss, 1 vLLM (CPU wheel) rollout worker + 1 learner, 1 thread each, max_stal
 GRPOConfig defaults (DAPO loss on all tokens, clip 0.2, beta 0, one update per generation, all
 cores as torch threads), with ours' completions per update (2 prompts x G=8 = 16, not TRL's
 default 8: both systems update on equal terms), learning rate (constant), G, LoRA, max new
-tokens, temperature and reward; gradient checkpointing off and
-fp32 (its defaults trade compute for memory and assume bf16 hardware; this CPU has no AMX:
-fp32 is its fast dtype).
+tokens, temperature and reward; gradient checkpointing off and fp32 (its defaults trade
+compute for memory and assume bf16 hardware; this CPU has no AMX: fp32 is its fast dtype); it
+generates with vLLM's CPU engine (`use_vllm=True, vllm_mode="colocate"`) when vLLM is
+installed, as ours does (`--trl-engine hf`: transformers' generate).
 
 Clock: training wall time from each system's first step (model load and actor start-up are
 reported apart). At the marks `MARKS` (seconds on that clock) the run pauses its clock, saves
@@ -60,7 +61,16 @@ from rewards.shaping import combine, format_bonus
 from rewards.verifiers.reference import verify
 from tasks.prompts import format_prompt
 from tasks.registry import make_task
-from tools.compare.settings import log, machine_line, release_memory, start_ray, trl_trainer
+from tools.compare.settings import (
+    TRL_ENGINES,
+    default_engine,
+    log,
+    machine_line,
+    release_memory,
+    start_ray,
+    trl_generation,
+    trl_trainer,
+)
 
 MARKS = (15, 30, 45, 60, 75, 90, 105, 120, 150, 180, 240, 300, 400, 500, 600, 800, 1000, 1200,
          1500, 1800)
@@ -186,13 +196,15 @@ def trl_reward(format_weight: float):
     return homerl_reward
 
 
-def trl_args(demo, out_dir: str, seed: int):
+def trl_args(demo, out_dir: str, seed: int, engine: str = "hf"):
     """TRL's GRPOConfig for the race: its defaults, with ours' completions per update, G,
-    lengths, temperature and learning rate (the module docstring)."""
+    lengths, temperature and learning rate (the module docstring); `engine`: its generation
+    (settings.trl_generation)."""
     import trl
 
     r, g = demo.rollout, demo.grpo
     return trl.GRPOConfig(
+        **trl_generation(engine),
         output_dir=out_dir, use_cpu=True, bf16=False, gradient_checkpointing=False,
         num_generations=r.group_size, max_completion_length=r.max_new_tokens,
         # equal terms: TRL updates on ours' completions per update (prompts x G), not its 8
@@ -203,7 +215,7 @@ def trl_args(demo, out_dir: str, seed: int):
         disable_tqdm=True, logging_steps=10)
 
 
-def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
+def run_trl(seed: int, scorer: Scorer, work: str, engine: str) -> dict:
     """TRL's GRPOTrainer in this process, paused by a callback at the marks."""
     from transformers import TrainerCallback
 
@@ -237,7 +249,8 @@ def run_trl(seed: int, scorer: Scorer, work: str) -> dict:
             for p in (task.train_sample(i) for i in range(4000))]
     clock = Clock()
     trainer = trl_trainer(path, tok, rows, trl_reward(demo.rollout.format_weight),
-                          trl_args(demo, out_dir, seed), demo.lora.r, demo.lora.alpha, clock)
+                          trl_args(demo, out_dir, seed, engine), demo.lora.r, demo.lora.alpha,
+                          clock)
     setup_s = time.perf_counter() - t0
     trainer.train()
     del trainer
@@ -260,6 +273,8 @@ def report(runs: list[dict], base: float, target: float, args) -> list[str]:
              f"{target:.3f} (base + {args.gain:.2f}); budget {args.budget_s:.0f} s of training "
              f"per run; seeds {' '.join(map(str, args.seeds))}; ours: cpu-demo preset"
              + (f" + {args.ours_flags}" if args.ours_flags else "")]
+    if any(x["system"] == "trl" for x in runs):
+        lines.append(f"trl: TRL's {TRL_ENGINES[args.trl_engine]}")
     medians = {}
     for system in ("trl", "ours"):
         mine = [x for x in runs if x["system"] == system]
@@ -320,6 +335,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--systems", default="ours,trl", choices=["ours,trl", "trl,ours", "ours",
                                                               "trl"])
     p.add_argument("--n", type=int, default=200, help="held-out problems")
+    p.add_argument("--trl-engine", default=default_engine(), choices=["hf", "vllm"],
+                   help="TRL's generation: vllm (use_vllm=True, colocate) or hf (its generate)"
+                   "; default: vllm when vLLM is installed, as for ours")
     p.add_argument("--gain", type=float, default=0.08, help="target = base accuracy + gain")
     p.add_argument("--budget-s", type=float, default=600.0,
                    help="training seconds per run before it gives up")
@@ -360,6 +378,7 @@ def main(argv=None) -> int:
             saved = json.load(f)
         for key in ("seeds", "n", "gain", "budget_s", "ours_flags"):
             setattr(args, key, saved["args"].get(key, ""))
+        args.trl_engine = saved["args"].get("trl_engine", "hf")
         print("\n".join(finish(args, saved["base"], saved["target"], saved["runs"])))
         return 0
     demo = get_preset("cpu-demo")
@@ -375,7 +394,7 @@ def main(argv=None) -> int:
                 log(f"{system} seed {seed} ...")
                 scorer = Scorer(samples, target, args.budget_s, demo.rollout.max_new_tokens)
                 run = (run_ours(seed, scorer, work, args.ours_flags) if system == "ours"
-                       else run_trl(seed, scorer, work))
+                       else run_trl(seed, scorer, work, args.trl_engine))
                 runs.append({"system": system, "seed": seed, **run, "curve": scorer.curve,
                              "eval_s": scorer.eval_s})
                 release_memory()
