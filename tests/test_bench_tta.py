@@ -34,6 +34,9 @@ def test_time_to_target_interpolates_from_the_point_before():
     assert time_to_target([(30.0, 4, 0.40)], 0.30, base=0.20) == pytest.approx(15.0)
     assert time_to_target([(30.0, 4, 0.40)], 0.30, base=0.45) == 30.0  # no slope: the point
     assert time_to_target([(30.0, 4, 0.20), (60.0, 8, 0.29)], 0.30, base=0.2) is None
+    # 82 of 200 right reaches base 42/200 + 20 points, though 0.21 + 0.2 > 0.41 in floats
+    reached = time_to_target([(30.0, 4, 0.39), (60.0, 8, 82 / 200)], 0.21 + 0.2, base=0.21)
+    assert reached == pytest.approx(60.0)
 
 
 def test_trl_gets_our_reward_with_the_bonus_only_after_working():

@@ -90,12 +90,13 @@ def test_killed_worker_is_replaced_and_nothing_is_lost(ray_cluster, reference_ru
     assert versions == [6]  # the replacement caught up with the newest weights
 
 
-def test_worker_killed_under_multi_step_calls_loses_nothing(ray_cluster, tmp_path):
+def test_worker_killed_under_multi_step_calls_loses_nothing(ray_cluster, reference_run,
+                                                            tmp_path):
     # No checkpoints here: a checkpoint waits for the rollouts in flight, so with one at step 2
     # the kill lands after the worker's last call and no share is re-run (that end is
     # test_a_worker_dead_after_its_last_call_is_replaced_at_the_end).
     cfg = dict(steps=6, max_staleness=3, steps_per_call=2)
-    clean, _ = run_with_fault(tiny(**cfg), tmp_path / "clean", None)
+    clean = clean_rows(reference_run, tiny(**cfg))
     # killed before step 2, which launches the call for steps (4, 5): both shares re-run
     faulty, versions = run_with_fault(tiny(**cfg), tmp_path / "kill", fault_at=2)
     assert faulty[-1]["faults/worker_restarts"] == 1
@@ -121,9 +122,9 @@ def test_a_worker_dead_after_its_last_call_is_replaced_at_the_end(ray_cluster, t
         trainer.shutdown()
 
 
-def test_hung_worker_times_out_and_is_replaced(ray_cluster, tmp_path):
+def test_hung_worker_times_out_and_is_replaced(ray_cluster, reference_run, tmp_path):
     cfg = tiny(steps=3, call_timeout_s=8.0, max_staleness=0)
-    clean, _ = run_with_fault(tiny(steps=3, max_staleness=0), tmp_path / "clean", None)
+    clean = clean_rows(reference_run, tiny(steps=3, max_staleness=0))
     hung, _ = run_with_fault(cfg, tmp_path / "hung", fault_at=1, sig=signal.SIGSTOP)
     assert hung[-1]["faults/worker_restarts"] == 1
     assert [r["reward/mean"] for r in hung] == [r["reward/mean"] for r in clean]
