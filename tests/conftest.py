@@ -108,10 +108,8 @@ def own_ray():
         ray.shutdown()
 
 
-# The slowest tests (25-100 s each) run first: `make test` splits the suite over two processes
-# (pytest-xdist deals the first quarter of the tests out in turn, then hands out more as
-# processes free up), and a long test handed out last would leave one process idle while the
-# other finishes it.
+# The slowest tests (25-100 s each) run first: `make test` splits the suite over two processes,
+# and a long test started last would leave one process idle while the other finishes it.
 SLOW_FIRST = (
     "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
     "test_homerl.py::test_a_lambda_on_a_conversational_dataset",
@@ -164,6 +162,19 @@ def _order(item) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_order)  # stable: the rest keep their file order
+    if getattr(config.option, "dist", "no") == "worksteal":
+        _halve_the_slow_tests(items)
+
+
+def _halve_the_slow_tests(items) -> None:
+    """`make test` runs `-n 2 --dist worksteal`: pytest-xdist gives each process one contiguous
+    half of the list, and a process that runs out takes queued tests from the end of the
+    other's. Each half starts with every other slow test, so both run slow tests from the start
+    and what is left to take at the end is short."""
+    slow = [it for it in items if _slow_rank(it) < len(SLOW_FIRST)]
+    rest = items[len(slow):]
+    first = len(items) // 2 - len(slow[0::2])  # xdist sends the first process len // 2 tests
+    items[:] = slow[0::2] + rest[:first] + slow[1::2] + rest[first:]
 
 
 def pytest_sessionfinish(session, exitstatus):
