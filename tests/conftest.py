@@ -108,44 +108,26 @@ def own_ray():
         ray.shutdown()
 
 
-# The slowest tests (25-100 s each) run first: `make test` splits the suite over two processes,
-# and a long test started last would leave one process idle while the other finishes it.
+# The slowest tests (30-100 s each, from the `--durations` list) run first: `make test` splits
+# the suite over two processes (pytest-xdist hands tests out as processes free up), and a long
+# test handed out last would leave one process idle while the other finishes it.
 SLOW_FIRST = (
-    "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
-    "test_homerl.py::test_a_lambda_on_a_conversational_dataset",
-    "test_train.py::test_resume_reproduces_uninterrupted_run",
-    "test_app_browser.py::",
-    "test_webapp.py::test_start_stop_resume_a_real_run_keeps_one_row_per_step",
-    "test_homerl.py::test_trls_quickstart_trains_resumes_and_saves_a_peft_adapter",
     "test_job_submit.py::test_job_submit_survives_a_killed_learner",
-    "test_faults.py::test_hung_worker_times_out_and_is_replaced",
-    "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
-    "test_faults.py::test_killed_worker_is_replaced_and_nothing_is_lost",
-    "test_faults.py::test_resume_skips_half_written_and_damaged_checkpoints",
-    "test_one_copy.py::test_a_one_copy_run_survives_a_killed_learner",
-    "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
-    "test_faults.py::test_a_learner_that_keeps_dying_stops_the_run_with_one_line",
-    "test_run_end.py::test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint",
-    "test_eval_engines.py::",
-    "test_faults.py::test_a_hung_learner_step_is_killed_and_restored",
-    "test_curriculum.py::test_sent_order_is_computed_on_workers_and_cached",
-    "test_reward_fns.py::test_a_trl_reward_file_trains_plain_and_chat_runs_unchanged",
+    "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
+    "test_app_browser.py::",
     "test_webapp.py::test_under_a_dashboard_address_start_submits_a_ray_job",
-    "test_faults.py::test_worker_killed_under_multi_step_calls_loses_nothing",
-    "test_gpu_card.py::test_a_runs_qlora_workers_get_the_learners_nf4_bytes_through_ray",
-    "test_evaluate.py::test_sharded_evaluation_matches_in_process",
-    "test_run_end.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
-    "test_run_end.py::test_a_crash_between_a_checkpoint_and_its_steps_row_loses_no_row",
-    "test_train.py::test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file",
-    "test_readme_own_data.py::",
-    "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
-    "test_card_check.py::",
-    "test_job_submit.py::",
+    "test_webapp.py::test_start_stop_resume_a_real_run_keeps_one_row_per_step",
+    "test_train.py::test_resume_reproduces_uninterrupted_run",
+    "test_faults.py::test_hung_worker_times_out_and_is_replaced",
+    "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
+    "test_reward_fns.py::test_a_trl_reward_file_trains_plain_and_chat_runs_unchanged",
     "test_models.py::test_embedded_smollm2_converts_once_and_chats",
-    "test_filetask_stages.py::test_a_tiny_run_trains_on_each_format",
-    "test_curriculum.py::test_curriculum_run_consolidates_at_the_boundary",
+    "test_eval_engines.py::",
+    "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
+    "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
+    "test_card_check.py::test_the_card_check_runs_its_code_on_the_cpu",
+    "test_run_end.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
 )
-"""the slowest tests, slowest first (from the `--durations` list of a `make test`)"""
 
 
 def _slow_rank(item) -> int:
@@ -162,19 +144,6 @@ def _order(item) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_order)  # stable: the rest keep their file order
-    if getattr(config.option, "dist", "no") == "worksteal":
-        _halve_the_slow_tests(items)
-
-
-def _halve_the_slow_tests(items) -> None:
-    """`make test` runs `-n 2 --dist worksteal`: pytest-xdist gives each process one contiguous
-    half of the list, and a process that runs out takes queued tests from the end of the
-    other's. Each half starts with every other slow test, so both run slow tests from the start
-    and what is left to take at the end is short."""
-    slow = [it for it in items if _slow_rank(it) < len(SLOW_FIRST)]
-    rest = items[len(slow):]
-    first = len(items) // 2 - len(slow[0::2])  # xdist sends the first process len // 2 tests
-    items[:] = slow[0::2] + rest[:first] + slow[1::2] + rest[first:]
 
 
 def pytest_sessionfinish(session, exitstatus):
