@@ -98,6 +98,7 @@ from tools.compare.rollout_only import rollout_only
 from tools.compare.settings import (
     TRL_ENGINES,
     Settings,
+    add_trl_engine,
     bench_prompts,
     default_engine,
     fmt3,
@@ -377,9 +378,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rounds of both systems; the ratio is their median and range")
     p.add_argument("--engine", default=default_engine(), choices=["hf", "vllm"],
                    help="our rollout engine (default: vllm when vLLM is installed, else hf)")
-    p.add_argument("--trl-engine", default=default_engine(), choices=["hf", "vllm"],
-                   help="TRL's generation: vllm (use_vllm=True, colocate) or hf (its generate)"
-                        "; default: vllm when vLLM is installed, as for ours")
+    add_trl_engine(p)
     p.add_argument("--json", default=None, metavar="OUT", help="write all figures to OUT")
     p.add_argument("--rollout-only", action="store_true", help="generation throughput only")
     p.add_argument("--trl-alone", action="store_true",

@@ -67,6 +67,13 @@ def default_engine() -> str:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
 
 
+def add_trl_engine(parser) -> None:
+    """The benches' `--trl-engine` option."""
+    parser.add_argument("--trl-engine", default=default_engine(), choices=list(TRL_ENGINES),
+                        help="TRL's generation: vllm (use_vllm=True, colocate) or hf (its "
+                        "generate); default: vllm when vLLM is installed, as for ours")
+
+
 def trl_generation(engine: str) -> dict:
     """TRL's GRPOConfig fields for its generation engine, as a TRL user switches vLLM on."""
     if engine != "vllm":

@@ -63,7 +63,7 @@ from tasks.prompts import format_prompt
 from tasks.registry import make_task
 from tools.compare.settings import (
     TRL_ENGINES,
-    default_engine,
+    add_trl_engine,
     log,
     machine_line,
     release_memory,
@@ -77,8 +77,12 @@ MARKS = (15, 30, 45, 60, 75, 90, 105, 120, 150, 180, 240, 300, 400, 500, 600, 80
 """training-clock seconds at which a run is scored: every 15 s up to 2 min, where both systems
 reach +20 points on this host (marks 30 s apart were as coarse as the differences)"""
 SET = "arith-1-unseen"
-EPS = 1e-9
-"""accuracies are counts over the set: 82/200 = 0.41 reaches 0.21 + 0.2 = 0.41000000000000003"""
+
+
+def reached(acc: float, target: float) -> bool:
+    """Accuracies are counts over the set: 82/200 = 0.41 reaches 0.21 + 0.2, which floats make
+    0.41000000000000003."""
+    return acc >= target - 1e-9
 
 
 def time_to_target(curve: list, target: float, base: float) -> float | None:
@@ -87,7 +91,7 @@ def time_to_target(curve: list, target: float, base: float) -> float | None:
     never did. curve: [(seconds, step, accuracy), ...] in time order."""
     prev_t, prev_a = 0.0, base
     for t, _, a in curve:
-        if a >= target - EPS:
+        if reached(a, target):
             if a <= prev_a:  # the point before was as high: no slope to follow
                 return t
             return prev_t + (target - prev_a) / (a - prev_a) * (t - prev_t)
@@ -141,7 +145,7 @@ class Scorer:
         self.curve.append((clock_s, step, acc))
         while self.marks and clock_s >= self.marks[0]:
             self.marks.pop(0)
-        return acc >= self.target - EPS or not self.marks
+        return reached(acc, self.target) or not self.marks
 
 
 # ---- ours -------------------------------------------------------------------------------------
@@ -337,9 +341,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--systems", default="ours,trl", choices=["ours,trl", "trl,ours", "ours",
                                                               "trl"])
     p.add_argument("--n", type=int, default=200, help="held-out problems")
-    p.add_argument("--trl-engine", default=default_engine(), choices=["hf", "vllm"],
-                   help="TRL's generation: vllm (use_vllm=True, colocate) or hf (its generate)"
-                   "; default: vllm when vLLM is installed, as for ours")
+    add_trl_engine(p)
     p.add_argument("--gain", type=float, default=0.08, help="target = base accuracy + gain")
     p.add_argument("--budget-s", type=float, default=600.0,
                    help="training seconds per run before it gives up")
