@@ -123,10 +123,8 @@ def count_cores(spec: str) -> int:
 
 def vllm_dtype(dtype: str) -> str:
     """Config dtype -> vLLM dtype (common.device.compute_dtype). auto: on CUDA bf16 from compute
-    capability 8.0, fp16 below; on a CPU bf16 with AMX, else fp32.
-
-    On this project's 2-core AVX512-bf16 (no AMX) machine vLLM decoded SmolLM2-135M at about
-    the same speed in fp32 and bf16 (fp32 ~5% ahead), so auto follows the HF worker's rule.
+    capability 8.0, fp16 below; on a CPU fp32, as the HF worker and the learner (on a 2-core
+    AVX512-bf16 host without AMX vLLM decoded SmolLM2-135M ~5% faster in fp32 than in bf16).
     """
     chosen = compute_dtype(dtype, "cuda" if cuda_available() else "cpu")
     return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[chosen]

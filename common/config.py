@@ -23,8 +23,8 @@ class ModelConfig:
     name: str = "smollm2-135m-instruct"
     """policy: embedded name (smollm2-135m-instruct, tiny-random-llama), local path or hub id"""
     dtype: str = "auto"
-    """compute dtype: auto (GPU: bf16 from compute capability 8.0, fp16 below; CPU: bf16 with
-    AMX, else fp32), bf16, fp16, fp32; trained LoRA tensors are fp32 whatever this is"""
+    """compute dtype: auto (GPU: bf16 from compute capability 8.0, fp16 below; CPU: fp32, which
+    keeps rollouts on-policy), bf16, fp16, fp32; trained LoRA tensors are fp32 whatever this is"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass (less memory, ~30% more learner time)"""
     device: str = "auto"

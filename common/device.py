@@ -17,8 +17,9 @@
 Inside an actor, `actor_device()` names the device Ray assigned (`cuda` when it was given a
 GPU, else `cpu`); models are built there and nothing else in the code picks a device.
 `compute_dtype(model.dtype)` is the one dtype rule: on CUDA `auto` is bf16 on cards of compute
-capability 8.0 or newer and fp16 on older ones (which have no bf16); on a CPU it is bf16 with
-AMX, else fp32.
+capability 8.0 or newer and fp16 on older ones (which have no bf16); on a CPU it is fp32, AMX or
+not (`CPU_AUTO_DTYPE` says why). `cpu_info()` names the CPU and whether it has AMX, for every
+benchmark's first line.
 
 The driver imports no torch and must hold no CUDA context on the card the learner and engine
 share: it asks a short-lived subprocess what torch sees (`probe_cuda`), which also finds the GPU
@@ -35,9 +36,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from common.models import cpu_supports_bf16
-
 DEVICES = ("auto", "cpu", "cuda")
+CPU_AUTO_DTYPE = "fp32"
+"""`model.dtype auto` on a CPU. Measured on a 2-vCPU Intel host with AMX, `cpu-demo` with the
+HF engine at staleness 0 in bf16 logged policy/logp_diff 0.028-0.037 (the rollout's cached
+one-token decode and the learner's packed forward round differently; the on-policy limit is
+0.005), and the 14-core split planned 8.77 GiB; fp32 agrees to ~1e-7 and plans 6.80. Without
+AMX bf16 is also slower (bf16 `F.linear` ~80 GFLOP/s against ~130 in fp32 on one core).
+`model.dtype bf16` remains, off-policy by that much."""
 GPU_SHARE = 0.5
 """Ray GPU resource each of the learner and a rollout worker asks for on a shared card"""
 BF16_CAPABILITY = (8, 0)
@@ -178,17 +184,14 @@ def cuda_dtype(choice: str, capability: tuple[int, int] | None) -> tuple[str, st
 
 def compute_dtype(choice: str, device: str | None = None) -> str:
     """'fp32', 'bf16' or 'fp16' for this process's models from `model.dtype`: on CUDA by the
-    card's compute capability (`cuda_dtype`), on a CPU `auto` is bf16 with AMX, else fp32."""
+    card's compute capability (`cuda_dtype`), on a CPU `auto` is `CPU_AUTO_DTYPE` (fp32)."""
     if choice not in DTYPES:
         raise DeviceError(f"model.dtype: must be one of {', '.join(DTYPES)}; got {choice!r}")
     if (device or actor_device()) == "cuda":
         import torch
 
         return cuda_dtype(choice, tuple(torch.cuda.get_device_capability(0)))[0]
-    if choice != "auto":
-        return choice
-
-    return "bf16" if cpu_supports_bf16() else "fp32"
+    return CPU_AUTO_DTYPE if choice == "auto" else choice
 
 
 def torch_dtype(choice: str, device: str | None = None):
@@ -247,3 +250,27 @@ def ray_placement() -> dict:
     in_actor = ctx.get_actor_id() is not None
     return {"node_id": ctx.get_node_id(),
             "resources": ctx.get_assigned_resources() if in_actor else {}}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> tuple[str, bool]:
+    """(CPU model name, has AMX-bf16) from /proc/cpuinfo; ("unknown CPU", False) elsewhere."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown CPU":
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return name, "amx_bf16" in flags
+
+
+def cpu_line() -> str:
+    """'cpu: <model name>, N cores, AMX yes|no': figures from hosts with and without AMX differ
+    (bf16 is fast only with it), so every benchmark prints this first."""
+    name, amx = cpu_info()
+    return f"cpu: {name}, {len(os.sched_getaffinity(0))} cores, AMX {'yes' if amx else 'no'}"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +34,6 @@ __all__ = [
     "EMBEDDED_MODELS",
     "TINY_MODEL_NAME",
     "ModelNotFoundError",
-    "cpu_supports_bf16",
     "load_model",
     "load_tokenizer",
     "resolve_model",
@@ -236,27 +234,6 @@ def load_model(name_or_path: str, dtype: torch.dtype | str = "float32"):
         eos = gen.eos_token_id
         gen.pad_token_id = eos[0] if isinstance(eos, list) else eos
     return model.eval()
-
-
-@lru_cache(maxsize=1)
-def cpu_supports_bf16() -> bool:
-    """True when bf16 matmuls beat fp32 on this CPU: AMX-bf16 tiles (Linux only).
-
-    AVX512-bf16 alone is not enough: on a Sapphire Rapids VM that exposes avx512_bf16 but not
-    amx_bf16, bf16 `F.linear` ran at ~80 GFLOP/s vs ~130 for fp32 (MKL) on one core, and HF
-    generate was no faster, so fp32 is the right choice there.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            return "amx_bf16" in flags
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     path = shared_checkpoint(resolve_model(name), torch.float32)   # the folder to load from
 
-Hub checkpoints are stored in bf16 (or fp16), and a CPU without AMX computes fastest in fp32.
+Hub checkpoints are stored in bf16 (or fp16), and a CPU run computes in fp32 (common.device).
 Loading such a file with `dtype=float32` gives every process (the learner, each HF rollout
 worker) its own private fp32 copy: 1.84 GiB each for Qwen2-0.5B. Loading an fp32 file in fp32
 does not copy: transformers keeps the tensors as views of a private (copy-on-write) map of the

@@ -29,8 +29,8 @@ LOGITS_CHUNK_BYTES = 64 * 2**20
 
 def pick_dtype(dtype: str) -> torch.dtype:
     """Compute dtype of the base (common.device.compute_dtype): on a GPU bf16 from compute
-    capability 8.0, fp16 below; on a CPU bf16 with AMX, else fp32. Trainable tensors stay fp32
-    whatever it is (`build_policy`)."""
+    capability 8.0, fp16 below; on a CPU fp32 (common.device.CPU_AUTO_DTYPE). Trainable tensors
+    stay fp32 whatever it is (`build_policy`)."""
     return torch_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -49,6 +49,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["RAY_TMPDIR"] = f"/tmp/r{os.environ['PYTEST_XDIST_WORKER']}"  # short: socket paths
     os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
 
+# Ray starts one idle worker process per logical CPU with every cluster, ahead of need: ~1.5 s of
+# CPU a cluster start that the suite's many short-lived clusters (2 cores, two pytest processes)
+# spend for workers few of them use. Actors start their worker on demand instead.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
 
 def start_shared_cluster() -> None:
     """Connect the shared local cluster, starting it if none is (see the module docstring)."""
@@ -108,42 +113,32 @@ def own_ray():
         ray.shutdown()
 
 
-# The slowest tests (30-100 s each, from the `--durations` list) run first: `make test` splits
-# the suite over two processes (pytest-xdist hands tests out as processes free up), and a long
-# test handed out last would leave one process idle while the other finishes it.
-SLOW_FIRST = (
-    "test_job_submit.py::test_job_submit_survives_a_killed_learner",
-    "test_cluster.py::test_lost_worker_and_learner_nodes_are_survived",
-    "test_app_browser.py::",
-    "test_webapp.py::test_under_a_dashboard_address_start_submits_a_ray_job",
-    "test_webapp.py::test_start_stop_resume_a_real_run_keeps_one_row_per_step",
-    "test_train.py::test_resume_reproduces_uninterrupted_run",
-    "test_faults.py::test_hung_worker_times_out_and_is_replaced",
-    "test_faults.py::test_killed_learner_is_restored_from_the_checkpoint",
-    "test_reward_fns.py::test_a_trl_reward_file_trains_plain_and_chat_runs_unchanged",
-    "test_models.py::test_embedded_smollm2_converts_once_and_chats",
-    "test_eval_engines.py::",
-    "test_continual.py::test_forgetting_arms_branch_from_one_shared_stage_1",
-    "test_vllm_worker.py::test_tiny_training_run_with_the_vllm_engine_end_to_end",
-    "test_card_check.py::test_the_card_check_runs_its_code_on_the_cpu",
-    "test_run_end.py::test_the_end_of_a_run_is_a_checkpoint_that_resume_extends",
-)
+# `make test` splits the suite over two processes, and pytest-xdist hands tests out in the
+# order collected as processes free up: a long test handed out last leaves the other process
+# idle while it runs. So the tests known to take 5 s or more (tests/durations.json, seconds per
+# test from a `--durations=0` run: `python -m tools.ops.test_durations LOG`) go first, longest
+# first; the rest keep their file order.
+DURATIONS = json.loads((Path(__file__).with_name("durations.json")).read_text())
+LONG_S = 5.0
 
 
-def _slow_rank(item) -> int:
-    return next((i for i, key in enumerate(SLOW_FIRST) if key in item.nodeid), len(SLOW_FIRST))
-
-
-def _order(item) -> tuple[int, int]:
-    """Slow tests first; then the tests that start a Ray cluster of their own (`own_ray`) before
-    those on the shared one, so that each pytest process starts the shared cluster about once
-    (it is shut down for every own_ray test, and started again, ~5-13 s, by the next user)."""
-    own = {"own_ray", "three_nodes"} & set(getattr(item, "fixturenames", ()))
-    return _slow_rank(item), 0 if own else 1
+def _order(item, together: float) -> tuple[int, float, int]:
+    """Long tests first, longest first; then the tests that start a Ray cluster of their own
+    (`own_ray`) before those on the shared one, so that each pytest process starts the shared
+    cluster about once (it is shut down for every own_ray test, and started again, ~5-13 s, by
+    the next user). The tests on test_cluster.py's module-wide cluster (`three_nodes`) count as
+    one test of their summed time (`together`), so that it is started once."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    seconds = together if "three_nodes" in fixtures else DURATIONS.get(item.nodeid, 0.0)
+    if seconds >= LONG_S:
+        return 0, -seconds, 0
+    return 1, 0.0, 0 if {"own_ray", "three_nodes"} & fixtures else 1
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_order)  # stable: the rest keep their file order
+    together = sum(DURATIONS.get(i.nodeid, 0.0) for i in items
+                   if "three_nodes" in getattr(i, "fixturenames", ()))
+    items.sort(key=lambda item: _order(item, together))  # stable: the rest keep file order
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -30,7 +30,9 @@ def report_lines(out: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, tmp_path):
+def test_compare_prints_one_line_per_system_and_ratio_last(capsys, tmp_path):
+    """TRL runs in this process; ours in a driver process of its own, with its own local Ray
+    cluster (tools/compare/ours_driver.py)."""
     out = tmp_path / "bench.json"
     assert bench.main(TINY + ["--steps", "1", "--warmup", "1", "--runs", "1",
                               "--json", str(out)]) == 0
@@ -48,8 +50,14 @@ def test_compare_prints_one_line_per_system_and_ratio_last(ray_cluster, capsys, 
     assert all(parts), lines
     assert "generation" in parts[0].group(2) and "scoring" in parts[1].group(2)
     memory = re.fullmatch(r"memory ours/TRL: (\S+) peak footprint \(summed PSS\), (\S+) peak "
-                          r"RSS \(summed per process\)", lines[-2])
-    assert memory, lines[-2]
+                          r"RSS \(summed per process\)", lines[-3])
+    assert memory, lines[-3]
+    roles = re.match(r"ours at its peak footprint \(PSS, median of the runs\): driver (\S+) GB, "
+                     r"learner (\S+) GB, workers (\S+) GB", lines[-2])
+    assert roles, lines[-2]
+    # ours' driver is a process of its own that imports no torch, as launch.train's: not this
+    # process, which has imported TRL and torch and run TRL
+    assert 0 < float(roles.group(1)) < min(0.3, float(roles.group(2)))
     fp = [float(m.group(5)) for m in matches]
     rss = [float(m.group(6)) for m in matches]
     assert float(memory.group(1)) == pytest.approx(fp[1] / fp[0], rel=0.02)

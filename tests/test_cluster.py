@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,16 @@ from launch.driver.supervise import run_supervised
 from launch.driver.trainer import Trainer
 from launch.rundir.writer import read_jsonl
 
+# Ray's GCS declares a node dead after 5 missed health checks 3 s apart; a lost machine is
+# noticed in ~3 s here instead (the driver's handling of the loss is the same)
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
 
 def connected_cluster(head_cpus: int, nodes: int):
     """A Cluster of a head with `head_cpus` and `nodes` more 1-CPU nodes, connected; yields it
     and shuts it down."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head_cpus, "_system_config": FAST_HEALTH_CHECKS})
     for _ in range(nodes):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
@@ -108,24 +112,32 @@ def spare_nodes(own_ray):
     yield from connected_cluster(head_cpus=0, nodes=3)
 
 
-def join_node_later(address: str, delay_s: float, joined: list) -> None:
-    """After `delay_s`, a new 1-CPU node joins: `ray start --address` in a session of its own
-    (Cluster.add_node must run on the main thread, which is busy waiting for that node)."""
-    def start():
+class JoinWhenWaiting(logging.Handler):
+    """Once the restored run says it is waiting for capacity, a new 1-CPU node joins: `ray start
+    --address` in a session of its own (Cluster.add_node must run on the main thread, which is
+    busy waiting for that node). Joining on the message, not after a fixed delay, proves the
+    wait without sleeping longer than it takes."""
+
+    def __init__(self, address: str, joined: list):
+        super().__init__(logging.WARNING)
+        self.address, self.joined = address, joined
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "to host the run again" not in record.getMessage() or self.joined:
+            return
         ray_cli = str(Path(sys.executable).with_name("ray"))
         temp = tempfile.mkdtemp(prefix="rayn", dir="/tmp")
-        joined.append(subprocess.Popen(
-            [ray_cli, "start", "--address", address, "--num-cpus", "1", "--block",
+        self.joined.append(subprocess.Popen(
+            [ray_cli, "start", "--address", self.address, "--num-cpus", "1", "--block",
              "--disable-usage-stats", "--temp-dir", temp], start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}))
 
-    threading.Timer(delay_s, start).start()
-
 
 class NodeLosingTrainer(Trainer):
     """Before step 2 the worker's node is removed; before step 5 the learner's, and a new node
-    joins 20 s later (the restored run must wait for it: one node is left for two bundles)."""
+    joins once the restored run says it is waiting for one (one node is left for two
+    bundles)."""
 
     cluster: Cluster
     lost: list = []
@@ -148,7 +160,6 @@ class NodeLosingTrainer(Trainer):
             self._remove(ray.get(self.pool.workers[0].ping.remote()))
         elif k == 5 and len(self.lost) == 1:
             self._remove(ray.get(self.learner.placement.remote()))
-            join_node_later(self.cluster.address, 20.0, self.joined)
         return super().step(k)
 
 
@@ -158,10 +169,13 @@ def test_lost_worker_and_learner_nodes_are_survived(spare_nodes, tmp_path, caplo
     cfg.run.wait_for_capacity_s = 120.0
     NodeLosingTrainer.cluster, NodeLosingTrainer.lost = spare_nodes, []
     NodeLosingTrainer.joined = []
+    joiner = JoinWhenWaiting(spare_nodes.address, NodeLosingTrainer.joined)
+    logging.getLogger("homerl").addHandler(joiner)
     try:
         with caplog.at_level(logging.WARNING, logger="homerl"):
             summary = run_supervised(NodeLosingTrainer(cfg, str(tmp_path)))
     finally:
+        logging.getLogger("homerl").removeHandler(joiner)
         for node in NodeLosingTrainer.joined:  # the node the test started itself
             os.killpg(node.pid, signal.SIGKILL)
             node.wait(30)
@@ -178,5 +192,6 @@ def test_lost_worker_and_learner_nodes_are_survived(spare_nodes, tmp_path, caplo
     assert summary["worker_restarts"] >= 1
     lost = NodeLosingTrainer.lost
     assert len(lost) == 2 and lost[0] != lost[1] and len(NodeLosingTrainer.joined) == 1
-    assert "waiting up to 120s (run.wait_for_capacity_s)" in caplog.text, caplog.text
+    assert ("waiting up to 120s (run.wait_for_capacity_s) for the cluster to host the run again"
+            in caplog.text), caplog.text
     assert (tmp_path / "final" / "adapter_config.json").exists()

@@ -10,7 +10,7 @@ import time
 import pytest
 import ray
 
-from common.device import DeviceError, plan_devices
+from common.device import DeviceError, cpu_info, plan_devices
 from common.presets import get_preset
 from common.shapes import KNOWN, build_random_model
 from launch.plan import card as plan
@@ -147,3 +147,32 @@ def test_ping_of_a_worker_built_in_the_driver_beside_a_running_cluster(ray_clust
     got = RolloutWorker().ping()
     assert got["resources"] == {}
     assert got["node_id"] == ray.get_runtime_context().get_node_id()
+
+
+def test_auto_is_fp32_on_any_cpu_and_the_14_core_split_plans_under_8_gib_amx_simulated(
+        monkeypatch):
+    """An AMX host (simulated: `cpu_info` reports amx_bf16) runs `auto` in fp32 as every CPU
+    does: bf16 rollouts and learner disagree past the on-policy limit there. So the 14-core
+    split plans as on a CPU without AMX (one shared fp32 conversion), under 8 GiB; bf16 asked
+    for by name is kept, and plans more."""
+    import common.device as D
+    from launch.plan.ram import GiB, budget, run_dtype
+    from launch.plan.sizing import split
+
+    monkeypatch.setattr(D, "cpu_info", lambda: ("Intel Xeon (simulated AMX)", True))
+    assert D.compute_dtype("auto", "cpu") == "fp32" and D.compute_dtype("bf16", "cpu") == "bf16"
+    assert D.cpu_line().endswith("AMX yes")
+    cfg, _ = split(get_preset("cpu-14core"), 14, 16.0)
+    assert run_dtype(cfg) == "fp32"
+    shape = KNOWN["qwen/qwen2-0.5b-instruct"]
+    auto = sum(v for _, _, v in budget(cfg, shape)) / GiB
+    cfg.model.dtype = "bf16"
+    bf16 = sum(v for _, _, v in budget(cfg, shape)) / GiB
+    assert auto < 8.0 < bf16
+
+
+def test_cpu_line_names_the_cpu_and_amx():
+    name, amx = cpu_info()
+    with open("/proc/cpuinfo") as f:
+        assert ("amx_bf16" in f.read()) == amx
+    assert name != "unknown CPU"

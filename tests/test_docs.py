@@ -1,6 +1,7 @@
-"""The documentation stays honest: README.md and docs/*.md link only to files that exist, every
-file under docs/ is reachable from README.md, the pages speak of the software (no issue numbers,
-no account of who ran what, no paths of one machine), and README.md stays a first page.
+"""The documentation stays honest: README.md and docs/*.md link only to files (and headings)
+that exist, every file under docs/ is reachable from README.md, the pages speak of the software
+(no issue numbers, no account of who ran what, no paths of one machine), README.md stays a first
+page and docs/ stays short.
 
 Pure file reading: no Ray, no model. Each rule is a function that returns its violations, and
 `test_each_check_catches_a_planted_violation` shows every one of them failing on a bad page.
@@ -18,12 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 README_MAX_LINES = 300
+DOCS_MAX_CHARS = 120_000  # docs/*.md together: current facts only, superseded ones go away
 
 # [text](target) and ![alt](target), with an optional "title"; the target has no spaces
 _LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:, ...
+_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
 
 FORBIDDEN = {
     # "#20", "(#21)", "issue 43", "issues": the pages describe the software, not its tracker.
@@ -45,14 +48,36 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.glob("*.md"))]
 
 
+def targets(text: str) -> list[str]:
+    """Relative link and image targets of a markdown page, outside code, with their #anchors."""
+    text = _INLINE_CODE.sub("", _FENCE.sub("", text))
+    return [t for t in _LINK.findall(text) if not _EXTERNAL.match(t)]
+
+
 def links(text: str) -> list[str]:
     """Relative link and image targets of a markdown page, outside code, without #anchors."""
-    text = _INLINE_CODE.sub("", _FENCE.sub("", text))
+    return [t.split("#", 1)[0] for t in targets(text) if not t.startswith("#")]
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a markdown page's headings (outside code fences)."""
+    return {slug(h) for h in _HEADING.findall(_FENCE.sub("", text))}
+
+
+def broken_anchors(page: Path) -> list[str]:
+    """Link targets of `page` with a #anchor that names no heading of the markdown page."""
     out = []
-    for target in _LINK.findall(text):
-        if _EXTERNAL.match(target) or target.startswith("#"):
-            continue
-        out.append(target.split("#", 1)[0])
+    for target in targets(page.read_text()):
+        path, _, anchor = target.partition("#")
+        dest = page.parent / path if path else page
+        if anchor and dest.suffix == ".md" and dest.is_file() \
+                and anchor not in anchors(dest.read_text()):
+            out.append(target)
     return out
 
 
@@ -99,6 +124,11 @@ def test_links_name_existing_files(page):
     assert not broken_links(page), f"{page.relative_to(ROOT)}: broken {broken_links(page)}"
 
 
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_name_existing_headings(page):
+    assert not broken_anchors(page), f"{page.relative_to(ROOT)}: {broken_anchors(page)}"
+
+
 def test_every_docs_file_is_reachable_from_readme():
     missing = unreachable(README, DOCS)
     assert not missing, f"not linked from README.md or a page it reaches: {missing}"
@@ -112,6 +142,11 @@ def test_pages_speak_of_the_software(page):
 
 def test_readme_is_a_first_page():
     assert too_long(README) is None, too_long(README)
+
+
+def test_the_docs_stay_short():
+    total = sum(len(p.read_text()) for p in DOCS.glob("*.md"))
+    assert total <= DOCS_MAX_CHARS, f"docs/*.md hold {total} characters (at most {DOCS_MAX_CHARS})"
 
 
 def test_each_check_catches_a_planted_violation(tmp_path):
@@ -131,6 +166,10 @@ def test_each_check_catches_a_planted_violation(tmp_path):
     assert broken_links(docs / "a.md") == []
     assert broken_links(docs / "b.md") == ["gone.md"]
     assert unreachable(readme, docs) == ["island.md", "orphan.png"]
+    (docs / "c.md").write_text("# Top\n## `cpu-14core`: per core, 0.5B\n```\n# not a heading\n```\n"
+                               "[ok](#top) [ok](c.md#cpu-14core-per-core-05b) [ok](a.md)\n"
+                               "[bad](#not-a-heading) [bad](a.md#nothing)\n")
+    assert broken_anchors(docs / "c.md") == ["#not-a-heading", "a.md#nothing"]
 
     for bad in ("fixed in #20", "the ratio (#21)", "see issue 43", "the issues asked",
                 "this session had no GPU", "No GPU was lent", "on the development machine",

@@ -171,15 +171,6 @@ def test_cli_reports_errors_without_traceback(capsys):
     assert err.startswith("error: ") and err.count("\n") == 1
 
 
-def test_cpu_supports_bf16_is_false_off_linux(monkeypatch):
-    M.cpu_supports_bf16.cache_clear()
-    assert isinstance(M.cpu_supports_bf16(), bool)
-    M.cpu_supports_bf16.cache_clear()
-    monkeypatch.setattr(sys, "platform", "darwin")
-    assert M.cpu_supports_bf16() is False
-    M.cpu_supports_bf16.cache_clear()
-
-
 # --------------------------------------------------------------------------- embedded GGUF
 
 

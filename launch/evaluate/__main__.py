@@ -37,7 +37,8 @@ import sys
 
 import torch
 
-from common.models import ModelNotFoundError, cpu_supports_bf16
+from common.device import compute_dtype
+from common.models import ModelNotFoundError
 from launch.cli import OneLineParser
 from launch.evaluate.saved_models import (
     check_code_isolation,
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray eval workers (default: one per CPU when RAY_ADDRESS names a "
                         "cluster, else 0 = in this process)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                   help="auto: bf16 on CPUs with AMX/AVX512-bf16")
+                   help="auto: fp32 on a CPU (see common.device.CPU_AUTO_DTYPE)")
     p.add_argument("--out", default=None, help="also write the result to this JSON file")
     add_file_flags(p)
     return p
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    bf16 = args.dtype == "bf16" or (args.dtype == "auto" and cpu_supports_bf16())
+    bf16 = compute_dtype(args.dtype, "cpu") == "bf16"
     try:
         sets = requested_sets(args)
         check_code_isolation(sets)  # before any model loads or Ray starts

@@ -47,8 +47,7 @@ from __future__ import annotations
 
 from actors.vllm_setup import KV_HEADROOM, KV_MIN_BYTES
 from common.config import Config, ConfigError
-from common.device import WSL_FIX, wsl
-from common.models import cpu_supports_bf16
+from common.device import WSL_FIX, compute_dtype, wsl
 from common.shapes import Shapes, kv_cache_bytes, model_shapes
 from common.shared_weights import sharing_enabled
 from launch.plan.units import NF4_BYTES, GiB
@@ -86,9 +85,7 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "fl
 
 def run_dtype(cfg: Config) -> str:
     """fp32 or bf16: the dtype the workers and learner hold the model in on this CPU."""
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    return "bf16" if cpu_supports_bf16() else "fp32"
+    return compute_dtype(cfg.model.dtype, "cpu")
 
 
 def shares_conversion(cfg: Config, s: Shapes) -> bool:

@@ -76,7 +76,7 @@ def parse_args(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=0, help="default: the preset's")
     p.add_argument("--new-tokens", type=int, default=0, help="default: the preset's")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp16", "fp32"),
-                   help="model.dtype (auto: the card's; on a CPU fp32, or bf16 with AMX)")
+                   help="model.dtype (auto: the card's; on a CPU fp32)")
     p.add_argument("--layout", default="one-copy", choices=("one-copy", "two-process"),
                    help="ours: one-copy (the preset's) or two-process (a learner and an HF "
                         "engine process taking turns on the card, tools/card_check/two_process.py)")

@@ -44,12 +44,14 @@ median and range of the rounds.
 Peak footprint, the comparable memory figure, is the same formula for both systems
 (`common.memory.Footprint.peak_pss_gb`, docs/performance.md, "Memory"): summed over the system's
 processes, PSS (shared pages split among the processes that map them) plus how far each
-process's RSS once rose above its current RSS (VmHWM - RSS). Both systems run in this process,
-so between them it is trimmed (malloc_trim) and its VmHWM reset to its RSS (/proc/self/
-clear_refs): neither peak includes the other's. TRL: this process (it scores in process) after
-training; ours: the largest `memory/peak_pss_gb` over all steps (driver,
-learner, rollout workers with their verifier and engine children; Ray's own daemons are not
-counted, as TRL has none). Peak RSS is the old, non-comparable figure, kept for reference:
+process's RSS once rose above its current RSS (VmHWM - RSS). TRL runs in this process, which
+is trimmed (malloc_trim) and its VmHWM reset to its RSS (/proc/self/clear_refs) before each
+system runs: TRL's peak never includes what ours left. Ours runs its driver in a process of its
+own, as `launch.train` does (tools/compare/ours_driver.py): this one has imported TRL and vLLM.
+TRL: this process (it scores in process) after training; ours: the largest
+`memory/peak_pss_gb` over all steps (driver, learner, rollout workers with their verifier and
+engine children; Ray's own daemons are not counted, as TRL has none), and each role's share at
+that step. Peak RSS is the old, non-comparable figure, kept for reference:
 TRL's `ru_maxrss`, ours the sum of every process's high-water RSS (`memory/peak_gb`, which
 counts libtorch and the mapped model once per process). TRL's step time is the
 interval between consecutive `on_step_end` callbacks (it includes data loading and logging); ours
@@ -61,8 +63,8 @@ total rollout tokens/s of 1 and 2 Ray workers (1 thread each) through `WorkerPoo
 
 `--json OUT` writes every figure: per-step times and token counts (warm-up included), the mean
 s/step over the timed steps (steadier than the median for ours, whose pipeline can shift work
-from one step into the next), setup times (model load, actor start), our driver's RSS when ours
-starts, per-step parts (TRL: step begin to reward call, i.e. generation;
+from one step into the next), setup times (model load, actor start), ours' roles at its peak,
+per-step parts (TRL: step begin to reward call, i.e. generation;
 ours: rollout, wait for it, learner, sync, share of decode steps on the learner's core), the
 settings and the printed lines.
 """
@@ -76,21 +78,19 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict
 
 import numpy as np
-import psutil
 import torch
 
-from common import metrics as M
 from common.config import ConfigError, RolloutConfig
 from common.memory import footprint
 from common.models import load_tokenizer, resolve_model
 from launch.cli import OneLineParser
-from launch.driver.trainer import Trainer
 from rewards.shaping import combine
 from rewards.verifiers.reference import verify
 from tasks.prompts import format_prompt
@@ -107,21 +107,9 @@ from tools.compare.settings import (
     ours_config,
     release_memory,
     settings_line,
-    start_ray,
     trl_generation,
     trl_trainer,
 )
-
-
-def ours_parts(row: dict) -> dict:
-    """A step's time by part: the worker's generation and scoring (which overlap the
-    learner's update at staleness >= 1), the learner, the weight export and push, and the
-    driver's wait for the rollout."""
-    return {"generation": round(row[M.ROLLOUT_S] - row[M.SCORE_S], 3),
-            "scoring": round(row[M.SCORE_S], 3), "learning": round(row[M.LEARNER_S], 3),
-            "weight sync": round(row[M.SYNC_S] + row[M.WEIGHT_LOAD_S], 3),
-            "waiting for the rollout": round(row[M.ROLLOUT_WAIT_S], 3),
-            "lent core share": round(row[M.ROLLOUT_LENT_SHARE], 3)}
 
 
 def summarize(step_s: list[float], tokens: list[int], warmup: int, completions: int,
@@ -249,34 +237,25 @@ def run_trl_alone(s: Settings) -> tuple[list[str], dict]:
 
 
 def run_ours(s: Settings) -> dict:
-    """Our real driver (Trainer) on a local Ray cluster; each `step(k)` timed."""
-    import ray
-
+    """Our real driver (Trainer) on a local Ray cluster, in a process of its own as
+    `launch.train` runs it (tools/compare/ours_driver.py says why); each `step(k)` timed."""
     with tempfile.TemporaryDirectory(prefix="homerl-bench-ours-") as run_dir:
-        cfg = ours_config(s, run_dir)
-        started = start_ray(cfg.rollout.learner_threads
-                            + cfg.rollout.num_workers * cfg.rollout.threads_per_worker)
-        driver_gb = psutil.Process().memory_info().rss / 2**30  # after TRL, when it ran first
-        t0 = time.perf_counter()
-        trainer = Trainer(cfg, run_dir)
-        setup_s = time.perf_counter() - t0
-        step_s, tokens, rss, fps, parts = [], [], [], [], []
-        try:
-            for k in range(s.total_steps):
-                t0 = time.perf_counter()
-                row = trainer.step(k)
-                step_s.append(time.perf_counter() - t0)
-                tokens.append(int(row[M.ROLLOUT_TOKENS]))
-                rss.append(float(row[M.PEAK_GB]))
-                fps.append(float(row[M.PEAK_PSS_GB]))
-                parts.append(ours_parts(row))
-                log(f"ours step {k + 1}: {step_s[-1]:.2f} s")
-        finally:
-            trainer.shutdown()
-            if started:
-                ray.shutdown()
-    out = summarize(step_s, tokens, s.warmup, s.completions, max(rss), max(fps))
-    return {**out, "setup_s": setup_s, "parts": parts, "driver_rss_gb_at_start": driver_gb}
+        cfg_path, out_path = os.path.join(run_dir, "bench-config.json"), \
+            os.path.join(run_dir, "bench-result.json")
+        with open(cfg_path, "w") as f:
+            json.dump(ours_config(s, run_dir).to_dict(), f)
+        proc = subprocess.run([sys.executable, "-m", "tools.compare.ours_driver", cfg_path,
+                               out_path], cwd=os.getcwd())
+        if proc.returncode != 0 or not os.path.exists(out_path):
+            raise RuntimeError(f"ours' driver process failed (exit {proc.returncode}); "
+                               "its log is above")
+        with open(out_path) as f:
+            got = json.load(f)
+    peak = max(range(len(got["peak_pss_gb"])), key=got["peak_pss_gb"].__getitem__)
+    out = summarize(got["step_s"], got["tokens"], s.warmup, s.completions,
+                    max(got["peak_gb"]), got["peak_pss_gb"][peak])
+    return {**out, "setup_s": got["setup_s"], "parts": got["parts"],
+            "roles_at_peak_pss_gb": got["roles_pss_gb"][peak]}
 
 
 def compare(s: Settings, order: list[str], runs: int = 3) -> tuple[list[str], dict]:
@@ -302,6 +281,11 @@ def compare(s: Settings, order: list[str], runs: int = 3) -> tuple[list[str], di
     lines += breakdown_lines(rounds, s.warmup)
     lines.append(f"memory ours/TRL: {spread(pss)} peak footprint (summed PSS), {spread(rss)} "
                  "peak RSS (summed per process)")
+    roles = {n: statistics.median(res["ours"]["roles_at_peak_pss_gb"][n] for res in rounds)
+             for n in rounds[0]["ours"]["roles_at_peak_pss_gb"]}
+    lines.append("ours at its peak footprint (PSS, median of the runs): "
+                 + ", ".join(f"{n} {v:.2f} GB" for n, v in roles.items())
+                 + "; the rest is the processes' rise above their current RSS")
     lines.append(f"ratio ours/TRL: {spread(ratios)} over {runs} run(s): total completions / "
                  "total timed wall time, per side")
     return lines, {"settings": asdict(s), "order": order, "machine": lines[0],

@@ -8,12 +8,12 @@ import gc
 import importlib.metadata
 import importlib.util
 import os
-import platform
 import sys
 from dataclasses import dataclass
 
 import torch
 
+from common.device import cpu_line
 from common.models import load_model
 from common.presets import get_preset
 from tasks.registry import make_task
@@ -90,12 +90,6 @@ def log(msg: str) -> None:
 
 
 def machine_line() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import transformers
 
@@ -103,7 +97,7 @@ def machine_line() -> str:
         trl_v = importlib.metadata.version("trl")
     except importlib.metadata.PackageNotFoundError:
         trl_v = "not installed"
-    return (f"machine: {len(os.sched_getaffinity(0))} cores ({cpu}), {mem:.0f} GB RAM; "
+    return (f"machine: {cpu_line()}, {mem:.0f} GB RAM; "
             f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_v}")
 
 

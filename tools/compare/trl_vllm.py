@@ -31,6 +31,7 @@ import traceback
 
 import torch
 
+from common.device import cpu_line
 from common.models import load_model, load_tokenizer, resolve_model
 from tools.compare.bench import make_reward, trl_config, trl_rows
 from tools.compare.settings import LORA_TARGETS, Settings
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--one":
         print("RESULT", try_one(argv[1]), flush=True)
         return 0
+    print(cpu_line(), flush=True)
     print(f"TRL with vLLM on a CPU ({_versions()}):", flush=True)
     for name in CONFIGS:
         proc = subprocess.run([sys.executable, "-m", "tools.compare.trl_vllm", "--one", name],

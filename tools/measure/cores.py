@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 
+from common.device import cpu_line
 from common.presets import get_preset
 from launch.plan.sizing import split
 from tools.measure.cost_model import ASSUMPTIONS, Calibration, Layout, describe, predict
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--learner-steps", type=int, default=1, help="learner: timed steps")
     p.add_argument("--json", default="", help="also write the measurements and projection")
     args = p.parse_args(argv)
+    print(cpu_line(), flush=True)  # hosts with and without AMX give different figures
     if not os.path.isdir(args.model):
         p.error(f"--model {args.model}: no such folder (build it with tools.measure.shape_model)")
     if args.cores < 2 or args.box_bandwidth <= 0 or args.new_tokens < 2:

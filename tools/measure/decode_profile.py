@@ -34,6 +34,7 @@ from actors.hf_worker import left_padded
 from actors.sampling import BehaviourRecorder, hf_generation_config
 from actors.vllm_engine import VLLMEngine
 from actors.vllm_setup import configure_env
+from common.device import cpu_line
 from common.models import load_model, load_tokenizer, resolve_model
 from common.presets import get_preset
 from tasks.prompts import format_prompt
@@ -166,6 +167,7 @@ def main(argv=None) -> int:
                    help="vLLM's KV block size (default: the rollout worker's, 32 on CPU)")
     p.add_argument("--json", default="", help="write every figure here")
     args = p.parse_args(argv)
+    print(cpu_line(), flush=True)  # hosts with and without AMX give different figures
     engines = [e for e in args.engines.split(",") if e]
     bad = [e for e in engines if e not in ("vllm", "hf")]
     if bad or not engines:

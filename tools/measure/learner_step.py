@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from common.device import cpu_line
 from common.memory import footprint
 from common.models import load_tokenizer, resolve_model
 from common.presets import get_preset
@@ -90,6 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--completion-len", type=int, default=32, help="completion tokens each")
     p.add_argument("--json", default="", help="also write the rows here")
     args = p.parse_args(argv)
+    print(cpu_line(), flush=True)  # hosts with and without AMX give different figures
     if min(args.seqs, args.completion_len, args.micro_batch, args.steps, args.threads) < 1:
         p.error("--seqs, --completion-len, --micro-batch, --steps and --threads must be >= 1")
     rows = [bench(m, float(r), args.steps, args.threads, args.micro_batch, args.preset,
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
             for m in args.modes.split(",") for r in args.rhos.split(",")]
     print(f"learner step, {args.model or args.preset + ' model'}, {args.seqs} seqs x (~60 prompt "
           f"+ {args.completion_len} completion) tokens, micro-batch {args.micro_batch}, "
-          f"{args.threads} threads, fp32 (no AMX here) / bf16 autocast where AMX")
+          f"{args.threads} threads, fp32")
     if len(rows) == 1:  # the high-water mark is the process's: one setting per process
         print(f"step peak above the resident model: {rows[0]['step_peak_gb']:.2f} GiB")
     for r in rows:

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from common.device import cpu_line
 from common.models import load_model, resolve_model
 
 GB = 1e9
@@ -81,6 +82,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16, help="sequences decoded together (B)")
     p.add_argument("--measured", type=float, default=None, help="tokens/s a run reached")
     args = p.parse_args(argv)
+    print(cpu_line(), flush=True)  # hosts with and without AMX give different figures
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
     weights, kv = decode_bytes(args.model, dtype, args.context)
     print(f"{args.model} {args.dtype}: {weights / GB:.3f} GB of weights per decode step, "
