@@ -202,7 +202,9 @@ def test_catastrophic_pattern_times_out_and_the_batch_goes_on(pool):
     results = pool.score(["Answer: " + "a" * 28 + "!", "Answer: 12"], ["(a+)+$", r"\d+"],
                          timeout_s=0.5, verifiers=["regex", "regex"])
     assert results[0] == RewardResult(0.0, 0.0, None, "timeout")
-    assert results[1].score == 1.0 and pool.starts == starts + 1
+    # the hung process was replaced (on a loaded host a fresh one may itself overrun 0.5 s once
+    # before it answers, and be replaced again: a CI run saw two starts)
+    assert results[1].score == 1.0 and pool.starts >= starts + 1
     assert time.monotonic() - start < 20.0
 
 
