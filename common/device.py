@@ -39,10 +39,10 @@ from dataclasses import dataclass
 DEVICES = ("auto", "cpu", "cuda")
 CPU_AUTO_DTYPE = "fp32"
 """`model.dtype auto` on a CPU. Measured on a 2-vCPU Intel host with AMX, `cpu-demo` with the
-HF engine at staleness 0 in bf16 logged policy/logp_diff 0.028-0.037 (the rollout's cached
-one-token decode and the learner's packed forward round differently; the on-policy limit is
-0.005), and the 14-core split planned 8.77 GiB; fp32 agrees to ~1e-7 and plans 6.80. Without
-AMX bf16 is also slower (bf16 `F.linear` ~80 GFLOP/s against ~130 in fp32 on one core).
+HF engine at staleness 0 in bf16 logged policy/logp_diff 0.028-0.037 (the two sides' bf16
+kernels round differently; the tests' limit for a bf16 body is 0.005), and the 14-core split
+planned 8.77 GiB; fp32 agrees to ~1e-7 and plans 6.80. Without AMX bf16 is also slower (bf16
+`F.linear` ~80 GFLOP/s against ~130 in fp32 on one core).
 `model.dtype bf16` remains, off-policy by that much."""
 GPU_SHARE = 0.5
 """Ray GPU resource each of the learner and a rollout worker asks for on a shared card"""
