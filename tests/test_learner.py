@@ -329,11 +329,21 @@ def test_the_learner_marks_its_updates_and_borrows_an_idle_workers_core(share, r
     import threading
     import time
 
-    from common.core_lease import BUSY, LEARNER, MIN_IDLE_S, Lease, flag_path, lease_key
+    from common.core_lease import (
+        BUSY,
+        LEARNER,
+        MIN_IDLE_S,
+        Lease,
+        flag_path,
+        lease_key,
+        remove_flag,
+    )
 
     cfg = tiny_cfg()
     cfg.rollout.share_cores = share
     threads = torch.get_num_threads()
+    # Any earlier Learner in this process (same Ray job) that was never closed left its file.
+    remove_flag(lease_key())
     learner = Learner(cfg)
     path = flag_path(lease_key())
     assert os.path.exists(path) == share
