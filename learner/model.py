@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import NamedTuple
 
 import torch
@@ -34,12 +35,33 @@ def pick_dtype(dtype: str) -> torch.dtype:
     return torch_dtype(dtype, "cuda" if torch.cuda.is_available() else "cpu")
 
 
+def hide_bitsandbytes_in_this_actor(mode: str) -> bool:
+    """Make bitsandbytes absent for peft and transformers in a Ray actor that never quantises.
+
+    peft imports bitsandbytes whenever it is installed, and bitsandbytes' CPU backend imports
+    torch's inductor: ~1.4 s of CPU at every LoRA or full learner start, for nothing. Only in
+    a Ray actor's own process, which holds one learner (one mode) for its whole life; a driver,
+    a test or a notebook may build a QLoRA model later and keeps it. A `None` in `sys.modules`
+    is Python's own "not importable" mark. Returns whether it hid it.
+    """
+    ray = sys.modules.get("ray")
+    if mode == "qlora" or ray is None or not ray.is_initialized():
+        return False
+    if "bitsandbytes" in sys.modules or "peft" in sys.modules:
+        return False  # too late (or already hidden): peft decided when it was imported
+    if ray.get_runtime_context().get_actor_id() is None:
+        return False  # a driver, not an actor
+    sys.modules["bitsandbytes"] = None
+    return True
+
+
 def build_policy(model_cfg, lora_cfg, device: str = "cpu"):
     """Load the policy on `device` as the learner trains it. Returns (model, trainable_names).
 
     full: fp32 master weights, all trainable. lora: frozen fp32 base + fp32 adapters.
     qlora: NF4 base through bitsandbytes (runs on CPU too) + fp32 adapters.
     """
+    hide_bitsandbytes_in_this_actor(lora_cfg.mode)
     path = resolve_model(model_cfg.name)
     if lora_cfg.mode == "qlora":
         model = load_nf4_model(path, pick_dtype(model_cfg.dtype), device)

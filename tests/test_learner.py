@@ -441,3 +441,29 @@ def test_save_refuses_a_state_that_is_not_finite(tmp_path):
         learner.save(str(tmp_path))
     assert f"param.{name}" in str(e.value) and "\n" not in str(e.value)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("mode, want", [("lora", "hidden"), ("qlora", "imported")])
+def test_only_a_qlora_learner_actor_imports_bitsandbytes(mode, want, ray_cluster):
+    """learner.model.hide_bitsandbytes_in_this_actor: peft would import bitsandbytes (and it
+    torch's inductor) at every learner start; a LoRA learner actor never does, and still
+    trains; a QLoRA one does. A driver process hides nothing: it may build QLoRA later."""
+    import ray
+
+    from learner.model import hide_bitsandbytes_in_this_actor
+
+    class ImportProbe(Learner):  # defined here: Ray ships it by value (tests/ is not a package)
+        def bitsandbytes(self) -> str:
+            import sys
+
+            bnb = sys.modules.get("bitsandbytes", "absent")
+            return "hidden" if bnb is None else ("absent" if bnb == "absent" else "imported")
+
+    actor = ray.remote(ImportProbe).options(num_cpus=0).remote(tiny_cfg(mode))
+    try:
+        assert ray.get(actor.bitsandbytes.remote(), timeout=120) == want
+        row = ray.get(actor.train_on.remote(make_batch()), timeout=120).row()
+        assert np.isfinite(row["loss/policy"])
+    finally:
+        ray.kill(actor)
+    assert hide_bitsandbytes_in_this_actor("lora") is False
