@@ -208,6 +208,9 @@ def test_a_dead_wandb_turns_wandb_off_and_the_run_keeps_every_row(tmp_path):
     pytest.importorskip("psutil")
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": "",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    # An earlier wandb run in this test process left its service's address in WANDB_SERVICE;
+    # inherited, the child would use that service instead of starting its own to kill.
+    env.pop("WANDB_SERVICE", None)
     proc = subprocess.run([sys.executable, "-c", _DEAD_WANDB, str(tmp_path / "run")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
