@@ -56,3 +56,19 @@ def test_a_row_that_stops_early_is_an_error():
 
     with pytest.raises(RuntimeError, match="stopped early"):
         best_time(Short(), [[1, 2]], 8, 4, repeats=1)
+
+
+def test_the_op_breakdown_names_the_matrix_products_and_leaves_python_last(hf_tiny):
+    """--ops: one profiled call; the shares are of that call's wall time (so they and the
+    Python remainder sum to ~1), and a decoder's time is in its matrix products."""
+    from tools.measure.decode_profile import op_shares
+
+    rows = op_shares(hf_tiny, 8, new_tokens=4, top=6)
+    assert len(rows) == 7 and rows[-1]["op"] == "python"
+    ops = rows[:-1]
+    assert [r["ms_per_step"] for r in ops] == sorted((r["ms_per_step"] for r in ops),
+                                                     reverse=True)
+    assert all(r["calls"] > 0 and 0 < r["share"] < 1 for r in ops)
+    assert sum(r["share"] for r in rows) <= 1.0 + 1e-6
+    assert any(r["op"] in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+               for r in ops), [r["op"] for r in ops]

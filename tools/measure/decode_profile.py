@@ -5,6 +5,7 @@
         --json prof.json
     python -m tools.measure.decode_profile --engines vllm --batches 16 --new-tokens 40 \
         --block-size 128
+    python -m tools.measure.decode_profile --engines vllm --batches 16 --ops 12
 
 For each engine and batch size B, rows as a rollout call brings them (B/8 prompts x G=8; B < 8:
 B prompts x 1), every row generates exactly N new tokens (EOS ignored): once with N = 1 and once
@@ -16,6 +17,11 @@ The call's tokens/s (prefill included) is B * N / t_N. Sampling at temperature 1
 log-probs each engine records for the learner (HF: `BehaviourRecorder`; vLLM: top-20
 log-probs), as a rollout does; fp32 (--dtype bf16: the weights in bf16), --threads threads
 (1: the presets' rollout worker); the best of --repeats calls.
+
+--ops K: then one more call per batch size under torch's profiler, and the K torch operators
+(vLLM's kernels among them) that took the most of it, each as ms per decode step and share of
+the call; what no operator holds is Python (the engine's scheduling, ours). The profiler slows
+the call a little; the shares are what to read.
 
 What it leaves out, and a real rollout pays: rows that stop early (the rows left pay nearly the
 whole step), verification, and the weight loads between calls.
@@ -119,6 +125,34 @@ class VLLMRunner:
                    for c in row)
 
 
+def op_shares(runner, batch: int, new_tokens: int, top: int) -> list[dict]:
+    """The `top` operators by self CPU time in one call of `batch` rows under torch's profiler:
+    name, calls, ms per step (the call's time over its `new_tokens` steps, prefill included),
+    share of the call's wall time; last, what no operator holds ("python": the engines' code)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts, copies = prompt_ids(runner.tok, batch)
+    runner.run(prompts, copies, new_tokens)  # warm: the profiled call is a steady one
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.run(prompts, copies, new_tokens)
+    wall = time.perf_counter() - t0
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    in_ops = sum(e.self_cpu_time_total for e in events) / 1e6  # seconds
+    rows = [{"op": e.key, "calls": e.count, "ms_per_step": e.self_cpu_time_total / 1e3 / new_tokens,
+             "share": e.self_cpu_time_total / 1e6 / wall} for e in events[:top]]
+    rows.append({"op": "python", "calls": 0, "ms_per_step": 1e3 * (wall - in_ops) / new_tokens,
+                 "share": max(0.0, wall - in_ops) / wall})
+    return rows
+
+
+def print_ops(name: str, batch: int, rows: list[dict]) -> None:
+    print(f"{name} B={batch}: where a call's time goes (torch profiler, self time)")
+    for r in rows:
+        print(f"  {r['op']:40s} {r['calls']:6d} calls {r['ms_per_step']:8.2f} ms/step "
+              f"{r['share']:6.1%}", flush=True)
+
+
 def decode_step(runner, batch: int, new_tokens: int, repeats: int
                 ) -> tuple[float, float, float, list[list[int]]]:
     """(decode step, t_1, t_N, the prompts) at `batch` rows, seconds; the step is
@@ -165,6 +199,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="calls per figure (the best is kept)")
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM's KV block size (default: the rollout worker's, 32 on CPU)")
+    p.add_argument("--ops", type=int, default=0, metavar="K",
+                   help="also profile one call per batch size: its K costliest operators")
     p.add_argument("--json", default="", help="write every figure here")
     args = p.parse_args(argv)
     print(cpu_line(), flush=True)  # hosts with and without AMX give different figures
@@ -189,6 +225,10 @@ def main(argv=None) -> int:
                   else HFEngine(path, args.threads, dtype))
         rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
                         weights, kv_100 / 100, name, compute_tok_s)
+        for b in args.batches if args.ops else []:
+            ops = op_shares(runner, b, args.new_tokens, args.ops)
+            print_ops(name, b, ops)
+            rows.append({"engine": name, "batch": b, "ops": ops})
         del runner
     if args.json:
         with open(args.json, "w") as f:
