@@ -16,7 +16,8 @@ rates measured here on the engine's threads (`tools.measure.roofline.read_bandwi
 The call's tokens/s (prefill included) is B * N / t_N. Sampling at temperature 1 with the behaviour
 log-probs each engine records for the learner (HF: `BehaviourRecorder`; vLLM: top-20
 log-probs), as a rollout does; fp32 (--dtype bf16: the weights in bf16), --threads threads
-(1: the presets' rollout worker); the best of --repeats calls.
+(1: the presets' rollout worker); the best of --repeats calls. vLLM runs eager, as the rollout
+worker does on a CPU (--compiled: with torch.compile; the start time is printed).
 
 --ops K: then one more call per batch size under torch's profiler, and the K torch operators
 (vLLM's kernels among them) that took the most of it, each as ms per decode step and share of
@@ -107,15 +108,19 @@ class VLLMRunner:
     """`actors.vllm_engine.VLLMEngine` in this process, set up as the rollout worker sets it."""
 
     def __init__(self, path: str, max_len: int, threads: int,
-                 dtype: torch.dtype = torch.float32, block_size: int | None = None):
+                 dtype: torch.dtype = torch.float32, block_size: int | None = None,
+                 compiled: bool = False):
         cfg = get_preset("cpu-demo")
         cfg.rollout.threads_per_worker = threads  # bound to this process's first cores
         cfg.rollout.share_cores = False  # exactly `threads`: no learner to borrow from
         configure_env(cfg, "rollout-0")
         self.tok = load_tokenizer(path)
+        t0 = time.perf_counter()
         self.engine = VLLMEngine(path, dtype=str(dtype).removeprefix("torch."), seed=0,
-                                 eager=True, max_model_len=max_len, kv_cache_bytes=2**30,
-                                 cpu=True, block_size=block_size)
+                                 eager=not compiled, max_model_len=max_len,
+                                 kv_cache_bytes=2**30, cpu=True, block_size=block_size)
+        print(f"vllm ({'compiled' if compiled else 'eager'}): engine started in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
 
     def run(self, prompts: list[list[int]], copies: int, new_tokens: int) -> int:
         """Tokens generated (every completion's)."""
@@ -199,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="calls per figure (the best is kept)")
     p.add_argument("--block-size", type=int, default=None,
                    help="vLLM's KV block size (default: the rollout worker's, 32 on CPU)")
+    p.add_argument("--compiled", action="store_true",
+                   help="vLLM with torch.compile (the rollout worker runs it eager on a CPU)")
     p.add_argument("--ops", type=int, default=0, metavar="K",
                    help="also profile one call per batch size: its K costliest operators")
     p.add_argument("--json", default="", help="write every figure here")
@@ -221,7 +228,8 @@ def main(argv=None) -> int:
           f"{args.new_tokens} new tokens a row", flush=True)
     rows = []
     for name in engines:  # vLLM first: it binds this process's OpenMP threads at start
-        runner = (VLLMRunner(path, 512, args.threads, dtype, args.block_size) if name == "vllm"
+        runner = (VLLMRunner(path, 512, args.threads, dtype, args.block_size, args.compiled)
+                  if name == "vllm"
                   else HFEngine(path, args.threads, dtype))
         rows += profile(runner, args.batches, args.new_tokens, args.repeats, bandwidth,
                         weights, kv_100 / 100, name, compute_tok_s)
