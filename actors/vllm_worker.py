@@ -157,7 +157,8 @@ class VLLMRolloutWorker(RolloutWorker):
         cuda = cuda_available()
         self.engine = VLLMEngine(
             self.path, dtype=vllm_dtype(cfg.model.dtype), seed=cfg.run.seed,
-            # CPU: eager starts ~110 s sooner and compiled decoding was no faster; CUDA: graphs
+            # CPU: eager starts ~90 s sooner, at every (re)start, for a decode step 7-10%
+            # slower than compiled (docs/performance.md); CUDA: graphs
             eager=not cuda, max_model_len=max_len,
             lora_rank=lora_rank(cfg.lora.r) if self.use_lora and not lora_merge else None,
             cuda=cuda_limits(cfg, model_shapes(self.path), max_len, card_gb()) if cuda else None,
