@@ -143,11 +143,11 @@ def op_shares(runner, batch: int, new_tokens: int, top: int) -> list[dict]:
         runner.run(prompts, copies, new_tokens)
     wall = time.perf_counter() - t0
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    in_ops = sum(e.self_cpu_time_total for e in events) / 1e6  # seconds
+    rest = max(0.0, wall - sum(e.self_cpu_time_total for e in events) / 1e6)  # s in no op
     rows = [{"op": e.key, "calls": e.count, "ms_per_step": e.self_cpu_time_total / 1e3 / new_tokens,
              "share": e.self_cpu_time_total / 1e6 / wall} for e in events[:top]]
-    rows.append({"op": "python", "calls": 0, "ms_per_step": 1e3 * (wall - in_ops) / new_tokens,
-                 "share": max(0.0, wall - in_ops) / wall})
+    rows.append({"op": "python", "calls": 0, "ms_per_step": 1e3 * rest / new_tokens,
+                 "share": rest / wall})
     return rows
 
 
