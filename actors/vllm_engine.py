@@ -16,11 +16,15 @@ offline API:
 * `FlatLogprobs` (`flat_logprobs=True`): per-position slices of token ids, log-probs and ranks.
 * `llm.llm_engine.step`, which `LLM.generate` calls once per engine step: wrapped on our own
   engine object to call `before_step` first (common/core_lease.py picks the thread count there).
+* `vllm.v1.engine.core.cleanup_dist_env_and_memory`, which an in-process engine's shutdown calls
+  last: it destroys the process-wide model-parallel groups that every in-process engine uses, so
+  it is wrapped (`_guard_process_teardown`) to run only when no other engine of ours lives here.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +40,8 @@ ENTROPY_TOP_K = 20
 """top-k log-probs per position requested from vLLM; the entropy is computed from them"""
 FULL_VOCAB_MAX = 256
 """vocabularies up to this size get every log-prob per position (exact entropy)"""
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+"""this process's engines not yet shut down (tests and evaluation can hold several at once)"""
 
 
 class WeightSyncExtension:
@@ -172,7 +178,9 @@ class VLLMEngine:
         kwargs = engine_kwargs(path, dtype=dtype, seed=seed, eager=eager,
                                max_model_len=max_model_len, lora_rank=lora_rank, cuda=cuda,
                                kv_cache_bytes=kv_cache_bytes, cpu=cpu, block_size=block_size)
+        _guard_process_teardown()
         self.llm = LLM(**kwargs)
+        _LIVE.add(self)
         self.before_step = None
         """called before every engine step (prefill or decode), in this thread"""
         step = self.llm.llm_engine.step
@@ -257,7 +265,27 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        _LIVE.discard(self)  # before the teardown, which asks whether another engine lives
         self.llm.llm_engine.engine_core.shutdown()
+
+
+def _guard_process_teardown() -> None:
+    """Make vLLM's end-of-shutdown teardown of the process's model-parallel groups wait for
+    the last live engine: with two in-process engines, the first to stop (or to be collected)
+    would otherwise break the other's next step ("pipeline model parallel group is not
+    initialized")."""
+    import vllm.v1.engine.core as core
+
+    teardown = core.cleanup_dist_env_and_memory
+    if getattr(teardown, "homerl_guarded", False):
+        return
+
+    def guarded(*args, **kwargs):
+        if not _LIVE:
+            teardown(*args, **kwargs)
+
+    guarded.homerl_guarded = True
+    core.cleanup_dist_env_and_memory = guarded
 
 
 def token_stats(tokens: list[int], flat, top_k: int) -> tuple[np.ndarray, np.ndarray]:

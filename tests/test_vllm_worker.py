@@ -286,10 +286,12 @@ def test_tiny_training_run_with_the_vllm_engine_end_to_end(model_path, tmp_path,
 
 
 def test_a_bf16_checkpoint_merges_from_its_mapped_pages_as_the_hf_worker_does(
-        model_path, tmp_path):
+        model_path, tmp_path, worker):
     """A base stored in bf16: the merging vLLM worker keeps W0 as the file's bf16 pages
     (`common.mmap_weights`), not a private fp32 copy, and serves what the fp32 HF worker
-    (which keeps a bf16 W0 and merges in place) computes."""
+    (which keeps a bf16 W0 and merges in place) computes. Its shutdown leaves the other engine
+    in this process (`worker`) generating: vLLM's teardown of the process-wide parallel groups
+    waits for the last live engine."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tmp_path / "bf16"
@@ -307,6 +309,7 @@ def test_a_bf16_checkpoint_merges_from_its_mapped_pages_as_the_hf_worker_does(
         assert max_diff(batch.logprobs, hf_stats(hf_bf16, batch, 0.7)[0]) < ATOL
     finally:
         w.shutdown()
+    assert worker.generate(RolloutCall(PROMPTS[:1], 2, Sampling(seed=0))).completion_ids
 
 
 @pytest.mark.parametrize("user_level", [None, "DEBUG"])
