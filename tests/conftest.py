@@ -1,11 +1,9 @@
 """Shared fixtures: one local Ray cluster per pytest run, and the tiny models tests build.
 
-* `ray_cluster`: a real local Ray cluster (4 logical CPUs per pytest process), kept for the
-  whole run (starting one costs ~5 s of CPU). Under `pytest -n N` (`make test`) the controller
-  starts it once and its N processes join it; a plain `pytest` starts one on first use. Tests
-  that need a cluster of another shape (several nodes, a metrics port, a job head) take
-  `own_ray` instead, which disconnects from the shared one first (and, without -n, stops it);
-  the next `ray_cluster` user joins (or starts) it again.
+* `ray_cluster`: a real local Ray cluster (4 logical CPUs), started on first use and kept for
+  the rest of the run (starting one costs ~3-5 s). Tests that need a cluster of another shape
+  (several nodes, a metrics port, a job head) take `own_ray` instead, which shuts the shared one
+  down first; the next `ray_cluster` user starts it again.
 * `head_node`: `ray start --head` of a test's own on 127.0.0.1 (free ports, private temp dir),
   yielding (dashboard address, env for the `ray` CLI); `submit` retries `ray job submit` while
   the head's job agent starts.
@@ -42,7 +40,6 @@ import pytest
 import ray
 
 SHARED_CPUS = 4
-"""logical CPUs of the shared cluster per pytest process"""
 
 # Under `pytest -n 2` (`make test`) each pytest process gets a Ray temp dir of its own:
 # ray.cluster_utils.Cluster writes its address to <temp>/ray/ray_current_cluster, where a plain
@@ -58,53 +55,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 
-SHARED_ADDRESS = "HOMERL_TEST_RAY_ADDRESS"
-"""the variable in which `make test`'s controller passes its pytest processes the GCS address
-of the cluster they share (`pytest_configure`)"""
-
-
-def pytest_configure(config):
-    """Under `pytest -n N` the controller starts the shared cluster, once, for its N processes:
-    each joins it (~0.5 s) where starting a cluster of its own costs ~5 s of CPU, it keeps
-    running while an own_ray test has its own (the next user joins again rather than starting
-    it again), and one cluster's daemons idle instead of N."""
-    workers = getattr(config.option, "numprocesses", None)
-    if os.environ.get("PYTEST_XDIST_WORKER") or not isinstance(workers, int) or workers < 1:
-        return
-    # a temp dir of its own: its address file stays out of /tmp/ray, where a plain `ray.init()`
-    # of a driver that a test starts would find it and join
-    os.environ["RAY_TMPDIR"] = "/tmp/rc"
-    os.makedirs(os.environ["RAY_TMPDIR"], exist_ok=True)
-    info = ray.init(address="local", num_cpus=SHARED_CPUS * workers, include_dashboard=False)
-    del os.environ["RAY_TMPDIR"]
-    os.environ[SHARED_ADDRESS] = info.address_info["gcs_address"]
-
-
-def pytest_unconfigure(config):
-    if not os.environ.get("PYTEST_XDIST_WORKER") and os.environ.pop(SHARED_ADDRESS, None):
-        ray.shutdown()
-
-
 def start_shared_cluster() -> None:
     """Connect the shared local cluster, starting it if none is (see the module docstring)."""
-    if ray.is_initialized():
-        return
-    address = os.environ.get(SHARED_ADDRESS)
-    if address:  # the controller's (pytest_configure); its GCS asks for the token that
-        # `ray.init` wrote to ~/.ray, which a driver sends only with RAY_AUTH_MODE=token
-        mode = os.environ.get("RAY_AUTH_MODE")
-        os.environ["RAY_AUTH_MODE"] = "token"
-        try:
-            ray.init(address=address)
-        finally:
-            if mode is None:
-                del os.environ["RAY_AUTH_MODE"]
-            else:
-                os.environ["RAY_AUTH_MODE"] = mode
-        return
-    # address="local": always a new cluster of this process's own, never one that another
-    # test (or a driver that a test started) left behind and `ray.init()` would try to join
-    ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
+    if not ray.is_initialized():
+        # address="local": always a new cluster of this process's own, never one that another
+        # test (or a driver that a test started) left behind and `ray.init()` would try to join
+        ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
 
 
 @pytest.fixture
@@ -170,9 +126,9 @@ LONG_S = 5.0
 
 def _order(item, together: float) -> tuple[int, float, int]:
     """Long tests first, longest first; then the tests that start a Ray cluster of their own
-    (`own_ray`) before those on the shared one, so that each pytest process joins the shared
-    cluster about once more (without -n: starts it, ~5-13 s, as an own_ray test stops it). The
-    tests on test_cluster.py's module-wide cluster (`three_nodes`) count as
+    (`own_ray`) before those on the shared one, so that each pytest process starts the shared
+    cluster about once (it is shut down for every own_ray test, and started again, ~5-13 s, by
+    the next user). The tests on test_cluster.py's module-wide cluster (`three_nodes`) count as
     one test of their summed time (`together`), so that it is started once."""
     fixtures = set(getattr(item, "fixturenames", ()))
     seconds = together if "three_nodes" in fixtures else DURATIONS.get(item.nodeid, 0.0)
