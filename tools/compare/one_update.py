@@ -77,9 +77,9 @@ def behaviour_logp(model, batch: Batch, temperature: float) -> list[np.ndarray]:
     return out
 
 
-def ours_update(cfg, batch: Batch) -> tuple[Learner, dict, dict, dict, object]:
-    """Ours' learner (a plain Learner of `cfg`) after one update on `batch`: (learner, initial
-    trainable tensors, clipped gradients, step, LearnerStep)."""
+def ours_update(cfg, batch: Batch) -> tuple[dict, dict, dict, object]:
+    """One update of ours' learner (a plain Learner of `cfg`) on `batch`: (initial trainable
+    tensors, clipped gradients, step, LearnerStep)."""
     learner = Learner(cfg)
     init = {n: p.detach().clone() for n, p in learner.params.items()}
     grads, step = {}, learner.opt.step
@@ -94,7 +94,7 @@ def ours_update(cfg, batch: Batch) -> tuple[Learner, dict, dict, dict, object]:
     stats = learner.train_on(TrainBatch(batch.prompt_ids, batch.completion_ids, old, ones,
                                         batch.advantages.astype(np.float32)))
     moved = {n: p.detach() - init[n] for n, p in learner.params.items()}
-    return learner, init, grads, moved, stats
+    return init, grads, moved, stats
 
 
 def trl_update(cfg, path: str, tok, batch: Batch, init: dict, work: str):
@@ -145,8 +145,7 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def compare(cfg, path: str, tok, batch: Batch, work: str) -> Comparison:
     """Both updates on `batch` from one LoRA initialisation (ours' learner's, seed cfg.run.seed)."""
-    learner, init, g_ours, d_ours, stats = ours_update(cfg, batch)
-    del learner
+    init, g_ours, d_ours, stats = ours_update(cfg, batch)
     loss_trl, norm_trl, g_trl, d_trl = trl_update(cfg, path, tok, batch, init, work)
     names = sorted(init)
     go, gt, do, dt = (_flat(x, names) for x in (g_ours, g_trl, d_ours, d_trl))
@@ -166,10 +165,11 @@ def sample_batch(cfg, path: str, tok, seed: int) -> tuple[Batch, np.ndarray]:
     for p in problems:
         ids = tok(format_prompt(tok, p["question"]), add_special_tokens=False,
                   return_tensors="pt").input_ids                                 # (1, P)
-        out = model.generate(ids.repeat(r.group_size, 1), attention_mask=torch.ones_like(
-            ids.repeat(r.group_size, 1)), do_sample=True, temperature=r.temperature,
-            top_k=0, top_p=1.0, max_new_tokens=r.max_new_tokens,
-            pad_token_id=tok.pad_token_id)                                       # (G, P + T)
+        rows = ids.repeat(r.group_size, 1)                                      # (G, P)
+        out = model.generate(rows, attention_mask=torch.ones_like(rows), do_sample=True,
+                             temperature=r.temperature, top_k=0, top_p=1.0,
+                             max_new_tokens=r.max_new_tokens,
+                             pad_token_id=tok.pad_token_id)                      # (G, P + T)
         for row in out[:, ids.shape[1]:].tolist():
             if tok.eos_token_id in row:
                 row = row[: row.index(tok.eos_token_id) + 1]
