@@ -307,6 +307,9 @@ class Learner:
         not finite: then the gradients are dropped, nothing steps, the version stays and the
         skip is counted and logged. Returns the gradient norm (before clipping)."""
         params = list(self.params.values())
+        for p in params:  # no sequence trained (no reward spread): a zero gradient, on which
+            if p.grad is None:  # AdamW still takes its momentum step, as TRL's loop does
+                p.grad = torch.zeros_like(p)
         max_norm = self.cfg.grpo.max_grad_norm or float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if losses.update_is_finite(terms, norm):

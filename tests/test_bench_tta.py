@@ -97,6 +97,28 @@ def test_trl_updates_on_as_many_completions_as_ours(tmp_path):
                                                    else (False, args.vllm_mode))
 
 
+def test_trl_draws_the_training_problems_in_ours_order(tmp_path):
+    """Seed for seed both systems train on the same problems: TRL's sampler walks its dataset
+    (train_sample(0), (1), ...) as ours' driver does, each problem G times in a row."""
+    pytest.importorskip("trl")
+    from transformers import TrainerCallback
+
+    from common.models import load_tokenizer, resolve_model
+    from common.presets import get_preset
+    from tools.compare.settings import trl_trainer
+    from tools.compare.time_to_accuracy import trl_args, trl_reward
+
+    cfg = get_preset("tiny")
+    path = resolve_model(cfg.model.name)
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(64)]
+    trainer = trl_trainer(path, load_tokenizer(path), rows, trl_reward(1.0),
+                          trl_args(cfg, str(tmp_path), 3, "hf"), cfg.lora.r, cfg.lora.alpha,
+                          TrainerCallback())
+    g = cfg.rollout.group_size
+    drawn = list(trainer._get_train_sampler())[: 3 * g]
+    assert drawn == [i for i in range(3) for _ in range(g)]
+
+
 def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):
     """TRL samples from torch's global generator in the bench's process; loading an adapter to
     score it draws from that generator (peft initialises the LoRA layers before loading them),

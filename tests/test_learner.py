@@ -1,5 +1,6 @@
 """The learner on a tiny random Llama: full, LoRA and QLoRA steps, export, EWC, checkpoints."""
 
+import copy
 from dataclasses import replace
 
 import numpy as np
@@ -85,6 +86,26 @@ def test_zero_advantage_step_leaves_weights_unchanged():
     metrics = learner.train_on(batch).row()
     assert metrics["tokens/active_seqs"] == 0
     assert all(torch.equal(before[n], p) for n, p in learner.model.named_parameters())
+
+
+def test_a_step_with_no_gradient_takes_adamws_momentum_step():
+    """After a real update, an all-zero-advantage batch (no reward spread) moves the weights as
+    AdamW moves them on a zero gradient (as TRL's loop does), rather than not at all."""
+    learner = Learner(tiny_cfg("lora"))
+    learner.train_on(make_batch())
+    ref = {n: p.detach().clone() for n, p in learner.params.items()}
+    opt = torch.optim.AdamW(ref.values(), lr=learner.cfg.grpo.lr, weight_decay=0.0)
+    opt.load_state_dict(copy.deepcopy(learner.opt.state_dict()))  # else it shares the moments
+    for t in ref.values():
+        t.grad = torch.zeros_like(t)
+    opt.step()
+    batch = make_batch(seed=3)
+    batch.advantages[:] = 0
+    before = {n: p.detach().clone() for n, p in learner.params.items()}
+    assert learner.train_on(batch).row()["tokens/active_seqs"] == 0
+    assert any(not torch.equal(before[n], p) for n, p in learner.params.items())
+    for n, p in learner.params.items():
+        torch.testing.assert_close(p.detach(), ref[n], rtol=0, atol=1e-7)
 
 
 def test_exported_lora_reproduces_learner_logprobs():

@@ -18,8 +18,10 @@ the loss, 1 vLLM (CPU wheel) rollout worker + 1 learner, 1 thread each, max_stal
 GRPOConfig defaults (DAPO loss on all tokens, clip 0.2, beta 0, one update per generation, all
 cores as torch threads), with ours' completions per update (2 prompts x G=8 = 16, not TRL's
 default 8: both systems update on equal terms), learning rate (constant), G, LoRA, max new
-tokens, temperature and reward; gradient checkpointing off and fp32 (its defaults trade
-compute for memory and assume bf16 hardware; this CPU has no AMX: fp32 is its fast dtype); it
+tokens, temperature, reward and training problems, in the same order (its dataset unshuffled:
+the problems are i.i.d. draws, and the seed pairs the two systems); gradient checkpointing off
+and fp32 (its defaults trade compute for memory and assume bf16 hardware; this CPU has no AMX:
+fp32 is its fast dtype); it
 generates with vLLM's CPU engine (`use_vllm=True, vllm_mode="colocate"`) when vLLM is
 installed, as ours does (`--trl-engine hf`: transformers' generate).
 
@@ -217,8 +219,10 @@ def trl_args(demo, out_dir: str, seed: int, engine: str = "hf"):
         per_device_train_batch_size=r.prompts_per_step * r.group_size,
         gradient_accumulation_steps=1,
         temperature=r.temperature, learning_rate=g.lr, lr_scheduler_type="constant",
-        max_steps=100_000, save_strategy="no", report_to="none", seed=seed,
-        disable_tqdm=True, logging_steps=10)
+        # ours' problem order (train_sample(0, 1, ...), i.i.d. draws): seed for seed both train
+        # on the same problems, which sway a step's gain more than anything else measured
+        shuffle_dataset=False, max_steps=100_000, save_strategy="no", report_to="none",
+        seed=seed, disable_tqdm=True, logging_steps=10)
 
 
 def run_trl(seed: int, scorer: Scorer, work: str, engine: str) -> dict:
