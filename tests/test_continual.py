@@ -60,6 +60,8 @@ def test_anchor_kl_off_leaves_zero_advantage_steps_untrained():
     learner.train_on(make_batch(seed=0))
     learner.consolidate([make_batch(seed=1)])
     learner.train_on(make_batch(seed=2))
+    # no old momentum (a step without gradient still takes AdamW's): any move is a gradient's
+    learner.opt = torch.optim.AdamW(learner.params.values(), lr=1e-3, weight_decay=0.0)
     before = {n: p.detach().clone() for n, p in learner.params.items()}
     row = learner.train_on(_zero_adv(make_batch(seed=9))).row()
     assert row["loss/anchor_kl"] == 0.0 and row["tokens/active_seqs"] == 0

@@ -30,7 +30,7 @@ def test_ours_follows_trl_step_by_step_through_a_step_with_no_reward_spread(tmp_
     init, batches, trl_after = record_trl(cfg, 0, 3, str(tmp_path), reward)
     assert len(batches) == 3 and not batches[1].advantages.any()
     assert batches[0].advantages.any() and batches[2].advantages.any()
-    _, ours_after = replay_ours(cfg, init, batches)
+    ours_after = replay_ours(cfg, init, batches)
     names = sorted(init)
     start = flat(init, names)
     for t, o in zip(trl_after, ours_after):

@@ -17,7 +17,6 @@ is compared too.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 
@@ -25,19 +24,15 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from actors.eval_worker import load_for_eval
 from common.models import load_tokenizer, resolve_model
 from common.presets import get_preset
 from common.types import TrainBatch
-from launch.evaluate.saved_models import evaluate
-from launch.evaluate.sets import heldout_sets
 from learner.learner import Learner
 from tasks.prompts import format_prompt
 from tasks.registry import make_task
 from tools.compare.one_update import Batch, _cos, _flat, behaviour_logp
-from tools.compare.plain_loop import score
 from tools.compare.settings import machine_line, trl_trainer
-from tools.compare.time_to_accuracy import SET, trl_args, trl_reward
+from tools.compare.time_to_accuracy import trl_args, trl_reward
 
 
 def unpad(out: dict) -> Batch:
@@ -82,21 +77,11 @@ def record_trl(cfg, seed: int, steps: int, work: str,
 
     trainer._generate_and_score_completions = kept
     trainer.train()
-    save_trl_adapter(trainer.model, path, os.path.join(work, "trl"))
     return init, batches, after
 
 
-def save_trl_adapter(model, base: str, out: str) -> str:
-    """TRL's adapter as the time-to-accuracy race saves it for scoring."""
-    model.save_pretrained(out)
-    with open(os.path.join(out, "homerl.json"), "w") as f:
-        json.dump({"base_model": base, "kind": "adapter", "lora_mode": "lora"}, f)
-    return out
-
-
-def replay_ours(cfg, init: dict, batches: list[Batch]) -> tuple[Learner, list[dict]]:
-    """Ours' learner from `init` on `batches` in order: (the learner, its trainable tensors
-    after each)."""
+def replay_ours(cfg, init: dict, batches: list[Batch]) -> list[dict]:
+    """Ours' learner from `init` on `batches` in order: its trainable tensors after each."""
     learner = Learner(cfg)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     if set(learner.params) != set(init):
@@ -111,20 +96,6 @@ def replay_ours(cfg, init: dict, batches: list[Batch]) -> tuple[Learner, list[di
         learner.train_on(TrainBatch(b.prompt_ids, b.completion_ids, old, ones,
                                     b.advantages.astype(np.float32)))
         out.append({n: p.detach().clone() for n, p in learner.params.items()})
-    return learner, out
-
-
-def scores(cfg, learner: Learner, work: str, samples: list[dict]) -> dict[str, float]:
-    """Held-out accuracy of the final policies: TRL's and ours' saved as the time-to-accuracy
-    race saves them, and ours' live model."""
-    n = cfg.rollout.max_new_tokens
-    saved = {"trl saved": os.path.join(work, "trl"),
-             "ours saved": learner.save_final(os.path.join(work, "ours"))}
-    tok = load_tokenizer(resolve_model(cfg.model.name))
-    out = {"ours live": score(learner.model, tok, samples, n, 0)}
-    for name, path in saved.items():
-        model, tok = load_for_eval(path, torch.float32)
-        out[name] = evaluate(model, tok, samples, n, desc=name)["accuracy"]
     return out
 
 
@@ -132,8 +103,6 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--score-n", type=int, default=0,
-                    help="score the final policies on this many held-out problems (0: no)")
     args = ap.parse_args(argv)
     print(machine_line(), flush=True)
     for seed in args.seeds:
@@ -141,11 +110,7 @@ def main(argv=None) -> None:
         cfg.run.seed = seed
         with tempfile.TemporaryDirectory() as work:
             init, batches, trl_after = record_trl(cfg, seed, args.steps, work)
-            learner, ours_after = replay_ours(cfg, init, batches)
-            if args.score_n:
-                acc = scores(cfg, learner, work, heldout_sets(SET, args.score_n, None)[SET])
-                print(f"seed {seed} after {args.steps} steps: accuracy "
-                      + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()), flush=True)
+        ours_after = replay_ours(cfg, init, batches)
         names = sorted(init)
         start = _flat(init, names)
         for k, (b, t, o) in enumerate(zip(batches, trl_after, ours_after), 1):
