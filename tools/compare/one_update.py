@@ -153,22 +153,19 @@ def compare(cfg, path: str, tok, batch: Batch, work: str) -> Comparison:
                       float(do.norm()), float(dt.norm()), _cos(do, dt))
 
 
-def sample_batch(cfg, path: str, tok, seed: int) -> tuple[Batch, np.ndarray]:
-    """cfg's prompts_per_step training prompts of arithmetic level 1 (seed `seed`), G
-    completions each from the base model: (the batch, its (N,) rewards)."""
+@torch.no_grad()
+def sample(model, tok, problems: list[dict], cfg) -> tuple[Batch, np.ndarray]:
+    """G completions of each problem from `model` at cfg's temperature and length: (the
+    batch with ours' group advantages, its (N,) rewards)."""
     r = cfg.rollout
-    task = make_task("arith", 1, None, seed)
-    problems = [task.train_sample(i) for i in range(r.prompts_per_step)]
-    model = load_model(path, torch.float32)
-    torch.manual_seed(seed)
     prompt_ids, comps = [], []
     for p in problems:
         ids = tok(format_prompt(tok, p["question"]), add_special_tokens=False,
                   return_tensors="pt").input_ids                                 # (1, P)
         rows = ids.repeat(r.group_size, 1)                                      # (G, P)
-        out = model.generate(rows, attention_mask=torch.ones_like(rows), do_sample=True,
-                             temperature=r.temperature, top_k=0, top_p=1.0,
-                             max_new_tokens=r.max_new_tokens,
+        out = model.generate(input_ids=rows, attention_mask=torch.ones_like(rows),
+                             do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
+                             max_new_tokens=r.max_new_tokens, use_cache=True,
                              pad_token_id=tok.pad_token_id)                      # (G, P + T)
         for row in out[:, ids.shape[1]:].tolist():
             if tok.eos_token_id in row:
@@ -180,6 +177,16 @@ def sample_batch(cfg, path: str, tok, seed: int) -> tuple[Batch, np.ndarray]:
     rewards = np.array(trl_reward(r.format_weight)(None, texts, answers), np.float32)
     adv = group_advantages(rewards.reshape(-1, r.group_size)).reshape(-1)
     return Batch(prompt_ids, comps, adv), rewards
+
+
+def sample_batch(cfg, path: str, tok, seed: int) -> tuple[Batch, np.ndarray]:
+    """cfg's prompts_per_step training prompts of arithmetic level 1 (seed `seed`), G
+    completions each from the base model: (the batch, its (N,) rewards)."""
+    task = make_task("arith", 1, None, seed)
+    problems = [task.train_sample(i) for i in range(cfg.rollout.prompts_per_step)]
+    model = load_model(path, torch.float32)
+    torch.manual_seed(seed)
+    return sample(model, tok, problems, cfg)
 
 
 def main(argv=None) -> None:

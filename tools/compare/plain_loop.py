@@ -30,13 +30,11 @@ from common.presets import get_preset
 from common.types import TrainBatch
 from launch.evaluate.saved_models import evaluate
 from launch.evaluate.sets import heldout_sets
-from learner.advantages import group_advantages
 from learner.learner import Learner
-from tasks.prompts import format_prompt
 from tasks.registry import make_task
-from tools.compare.one_update import Batch, behaviour_logp
+from tools.compare.one_update import behaviour_logp, sample
 from tools.compare.settings import machine_line
-from tools.compare.time_to_accuracy import SET, keep_rng, trl_reward
+from tools.compare.time_to_accuracy import SET, keep_rng
 
 
 def problem_order(seed: int, order: str, pool: int = 4000) -> list[int]:
@@ -45,32 +43,6 @@ def problem_order(seed: int, order: str, pool: int = 4000) -> list[int]:
     if order == "trl":  # trl.trainer.utils.RepeatSampler's draw, seeded with the run's seed
         return torch.randperm(pool, generator=torch.Generator().manual_seed(seed)).tolist()
     return list(range(pool))
-
-
-@torch.no_grad()
-def sample(model, tok, problems: list[dict], cfg) -> tuple[Batch, np.ndarray]:
-    """G completions of each problem from `model` at the preset's temperature: (the batch with
-    ours' group advantages, its (N,) rewards)."""
-    r = cfg.rollout
-    prompt_ids, comps = [], []
-    for p in problems:
-        ids = tok(format_prompt(tok, p["question"]), add_special_tokens=False,
-                  return_tensors="pt").input_ids                                 # (1, P)
-        rows = ids.repeat(r.group_size, 1)                                      # (G, P)
-        out = model.generate(input_ids=rows, attention_mask=torch.ones_like(rows),
-                             do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-                             max_new_tokens=r.max_new_tokens, use_cache=True,
-                             pad_token_id=tok.pad_token_id)                      # (G, P + T)
-        for row in out[:, ids.shape[1]:].tolist():
-            if tok.eos_token_id in row:
-                row = row[: row.index(tok.eos_token_id) + 1]
-            prompt_ids.append(ids[0].tolist())
-            comps.append(row)
-    texts = tok.batch_decode(comps, skip_special_tokens=True)
-    answers = [p["answer"] for p in problems for _ in range(r.group_size)]
-    rewards = np.array(trl_reward(r.format_weight)(None, texts, answers), np.float32)
-    adv = group_advantages(rewards.reshape(-1, r.group_size)).reshape(-1)
-    return Batch(prompt_ids, comps, adv), rewards
 
 
 def score(model, tok, samples: list[dict], max_new_tokens: int, step: int) -> float:
