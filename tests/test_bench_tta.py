@@ -2,15 +2,12 @@
 target, and the reward TRL gets (ours for the cpu-demo preset, the format bonus only after
 working)."""
 
+import json
+
 import pytest
 
-from tools.compare.time_to_accuracy import (
-    MARKS,
-    Scorer,
-    censored_median,
-    time_to_target,
-    trl_reward,
-)
+from tools.compare.time_to_accuracy import MARKS, Scorer, trl_reward
+from tools.compare.tta_report import censored_median, time_to_target
 
 
 def scorer(target=0.5, budget_s=200.0):
@@ -69,7 +66,7 @@ def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
 def test_a_report_of_one_system_has_no_ratio_against_the_other():
     import argparse
 
-    from tools.compare.time_to_accuracy import report
+    from tools.compare.tta_report import report
 
     args = argparse.Namespace(n=100, gain=0.2, budget_s=600.0, seeds=[0], ours_flags="")
     run = {"system": "ours", "seed": 0, "tta_s": 90.0, "clock_s": 95.0, "steps": 5,
@@ -140,3 +137,35 @@ def test_scoring_leaves_the_trainers_random_stream_where_it_was(tmp_path):
     torch.manual_seed(0)
     Scorer(samples, 0.5, 100.0, 4).score(path, 10.0, 1)
     assert torch.equal(torch.rand(4), want)
+
+
+def _saved(tmp_path, name, seeds, base=0.21, gain=0.2):
+    runs = [{"system": system, "seed": s, "clock_s": 100.0 + s, "steps": 5, "setup_s": 9.0,
+             "curve": [[50.0, 2, base], [100.0 + s, 5, base + gain + 0.01]], "eval_s": 1.0}
+            for s in seeds for system in ("ours", "trl")]
+    args = {"seeds": seeds, "systems": "ours,trl", "n": 200, "trl_engine": "vllm", "gain": gain,
+            "budget_s": 600.0, "out": name, "ours_flags": "", "report": False}
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(
+        {"args": args, "base": base, "target": base + gain, "runs": runs, "lines": []}))
+    return str(d)
+
+
+def test_join_reports_the_seeds_of_several_results_as_one_and_refuses_other_settings(
+        tmp_path, capsys):
+    from tools.compare.time_to_accuracy import main
+
+    a, b = _saved(tmp_path, "a", [0, 1, 2]), _saved(tmp_path, "b", [3, 4])
+    assert main(["--join", a, b, "--out", str(tmp_path / "ab")]) == 0
+    joined = json.loads((tmp_path / "ab" / "results.json").read_text())
+    assert joined["args"]["seeds"] == [0, 1, 2, 3, 4]
+    assert [(x["system"], x["seed"]) for x in joined["runs"]][-2:] == [("ours", 4), ("trl", 4)]
+    out = capsys.readouterr().out
+    assert "seeds 0 1 2 3 4" in out and "5 of 5 seeds reached it" in out
+    assert (tmp_path / "ab" / "tta.png").exists()
+    for bad, name in ((_saved(tmp_path, "c", [5], base=0.3), "base accuracy"),
+                      (_saved(tmp_path, "d", [6], gain=0.08), "gain"), (a, "(system, seed)")):
+        with pytest.raises(SystemExit) as e:
+            main(["--join", a, bad, "--out", str(tmp_path / "x")])
+        assert name in str(e.value) and "\n" not in str(e.value)

@@ -34,7 +34,8 @@ from learner.learner import Learner
 from tasks.registry import make_task
 from tools.compare.one_update import behaviour_logp, sample
 from tools.compare.settings import machine_line
-from tools.compare.time_to_accuracy import SET, keep_rng
+from tools.compare.time_to_accuracy import keep_rng
+from tools.compare.tta_report import SET
 
 
 def problem_order(seed: int, order: str, pool: int = 4000) -> list[int]:

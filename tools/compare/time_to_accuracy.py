@@ -5,6 +5,7 @@
     python -m tools.compare.time_to_accuracy --out runs/bench-tta --n 100 --gain 0.08
     python -m tools.compare.time_to_accuracy --systems ours \
         --ours-flags "--max-staleness 3 --steps-per-call 2"
+    python -m tools.compare.time_to_accuracy --join runs/a runs/b --out runs/ab  # more seeds
 
 Both systems train the embedded SmolLM2-135M-Instruct (fp32) with GRPO on level-1 arithmetic
 (`make_task("arith", 1, None, seed)`), with our reward (correct + 0.5 x format score, the bonus
@@ -40,11 +41,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -64,41 +63,19 @@ from rewards.verifiers.reference import verify
 from tasks.prompts import format_prompt
 from tasks.registry import make_task
 from tools.compare.settings import (
-    TRL_ENGINES,
     add_trl_engine,
     log,
-    machine_line,
     release_memory,
     start_ray,
     trl_generation,
     trl_trainer,
 )
+from tools.compare.tta_report import SET, finish, join_results, reached, save
 
 MARKS = (15, 30, 45, 60, 75, 90, 105, 120, 150, 180, 240, 300, 400, 500, 600, 800, 1000, 1200,
          1500, 1800)
 """training-clock seconds at which a run is scored: every 15 s up to 2 min, where both systems
 reach +20 points on this host (marks 30 s apart were as coarse as the differences)"""
-SET = "arith-1-unseen"
-
-
-def reached(acc: float, target: float) -> bool:
-    """Accuracies are counts over the set: 82/200 = 0.41 reaches 0.21 + 0.2, which floats make
-    0.41000000000000003."""
-    return acc >= target - 1e-9
-
-
-def time_to_target(curve: list, target: float, base: float) -> float | None:
-    """Training-clock seconds at which accuracy first reached `target`, interpolated linearly
-    from the point before it (the base model's accuracy at 0 s for the first); None if it
-    never did. curve: [(seconds, step, accuracy), ...] in time order."""
-    prev_t, prev_a = 0.0, base
-    for t, _, a in curve:
-        if reached(a, target):
-            if a <= prev_a:  # the point before was as high: no slope to follow
-                return t
-            return prev_t + (target - prev_a) / (a - prev_a) * (t - prev_t)
-        prev_t, prev_a = t, a
-    return None
 
 
 @contextlib.contextmanager
@@ -267,78 +244,6 @@ def run_trl(seed: int, scorer: Scorer, work: str, engine: str) -> dict:
     return {"setup_s": setup_s, "steps": clock.steps, "clock_s": clock.clock}
 
 
-# ---- report -----------------------------------------------------------------------------------
-def censored_median(vals: list[float | None]) -> float | None:
-    """Median time to target, a run that never reached it counting as longer than any that
-    did; None when the median itself is such a run."""
-    times = sorted(math.inf if v is None else v for v in vals)
-    m = statistics.median(times) if times else math.inf
-    return None if math.isinf(m) else m
-
-
-def report(runs: list[dict], base: float, target: float, args) -> list[str]:
-    """Per-run lines, a median line per system, the ratio line last."""
-    lines = [machine_line(),
-             f"held-out: {SET}, {args.n} problems, greedy; base accuracy {base:.3f}, target "
-             f"{target:.3f} (base + {args.gain:.2f}); budget {args.budget_s:.0f} s of training "
-             f"per run; seeds {' '.join(map(str, args.seeds))}; ours: cpu-demo preset"
-             + (f" + {args.ours_flags}" if args.ours_flags else "")]
-    if any(x["system"] == "trl" for x in runs):
-        lines.append(f"trl: TRL's {TRL_ENGINES[args.trl_engine]}")
-    medians = {}
-    for system in ("trl", "ours"):
-        mine = [x for x in runs if x["system"] == system]
-        if not mine:
-            continue
-        for x in mine:
-            tta = x["tta_s"]
-            lines.append(f"{system} seed {x['seed']}: "
-                         + (f"target at {tta:.0f} s" if tta is not None
-                            else f"target not reached in {x['clock_s']:.0f} s")
-                         + f", {x['steps']} steps, last accuracy {x['curve'][-1][2]:.3f}, "
-                         f"setup {x['setup_s']:.0f} s; {len(x['curve'])} evaluations, at "
-                         f"steps {' '.join(str(step) for _, step, _ in x['curve'])}")
-        reached = [x["tta_s"] for x in mine if x["tta_s"] is not None]
-        medians[system] = censored_median([x["tta_s"] for x in mine])
-        spread = f" (range {min(reached):.0f}-{max(reached):.0f})" if reached else ""
-        med = "never reached" if medians[system] is None else f"{medians[system]:.0f} s"
-        lines.append(f"{system}: time to target, median {med}{spread}, {len(reached)} of "
-                     f"{len(mine)} seeds reached it (a miss counts as longer than any hit)")
-    if len(medians) < 2:
-        lines.append(f"ratio TRL/ours: n/a (only {', '.join(medians) or 'no system'} run)")
-    elif medians.get("ours") and medians.get("trl"):
-        lines.append(f"ratio TRL/ours (median time to target): "
-                     f"{medians['trl'] / medians['ours']:.2f}")
-    elif medians.get("ours"):
-        lines.append(f"ratio TRL/ours (median time to target): > "
-                     f"{args.budget_s / medians['ours']:.2f} (TRL's median run missed the target)")
-    else:
-        lines.append("ratio TRL/ours (median time to target): n/a (ours' median run missed "
-                     "the target)")
-    return lines
-
-
-def plot(runs: list[dict], target: float, base: float, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    colors = {"ours": "tab:blue", "trl": "tab:orange"}
-    for x in runs:
-        ts = [0.0] + [t for t, _, _ in x["curve"]]
-        accs = [100 * base] + [100 * a for _, _, a in x["curve"]]
-        ax.plot(ts, accs, marker="o", color=colors[x["system"]], alpha=0.8,
-                label=f"{x['system']} seed {x['seed']}")
-    ax.axhline(100 * target, color="gray", linestyle="--", label="target")
-    ax.set_xlabel("training wall time (s)")
-    ax.set_ylabel(f"{SET} greedy accuracy (%)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = OneLineParser(prog="tools.compare.time_to_accuracy", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -355,6 +260,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "\"--grpo.entropy_rho 1.0\"")
     p.add_argument("--report", action="store_true",
                    help="no training: report and plot OUT/results.json again")
+    p.add_argument("--join", nargs="+", default=None, metavar="DIR",
+                   help="no training: the runs of several earlier OUTs (same settings, other "
+                        "seeds) into OUT/results.json, then --report")
     args = p.parse_args(argv)
     if args.n < 1 or args.budget_s <= 0 or not 0 < args.gain < 1:
         p.error("--n must be >= 1, --budget-s > 0 and --gain in (0, 1)")
@@ -362,25 +270,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def save(args, base: float, target: float, runs: list[dict], lines=()) -> None:
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": vars(args), "base": base, "target": target, "runs": runs,
-                   "lines": list(lines)}, f, indent=2)
-
-
-def finish(args, base: float, target: float, runs: list[dict]) -> list[str]:
-    """Times to target from the curves, the report, results.json and the plot."""
-    for x in runs:
-        x["tta_s"] = time_to_target(x["curve"], target, base)
-    lines = report(runs, base, target, args)
-    save(args, base, target, runs, lines)
-    plot(runs, target, base, os.path.join(args.out, "tta.png"))
-    return lines
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.join:
+        saved = []
+        for d in args.join:
+            with open(os.path.join(d, "results.json")) as f:
+                saved.append(json.load(f))
+        try:
+            joined = join_results(saved)
+        except ValueError as e:
+            sys.exit(f"tools.compare.time_to_accuracy: {e}")
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(joined, f, indent=2)
+        args.report = True
     if args.report:
         with open(os.path.join(args.out, "results.json")) as f:
             saved = json.load(f)
