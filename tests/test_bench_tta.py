@@ -165,7 +165,8 @@ def test_join_reports_the_seeds_of_several_results_as_one_and_refuses_other_sett
     assert "seeds 0 1 2 3 4" in out and "5 of 5 seeds reached it" in out
     assert (tmp_path / "ab" / "tta.png").exists()
     for bad, name in ((_saved(tmp_path, "c", [5], base=0.3), "base accuracy"),
-                      (_saved(tmp_path, "d", [6], gain=0.08), "gain"), (a, "(system, seed)")):
+                      (_saved(tmp_path, "d", [6], gain=0.08), "gain"), (a, "(system, seed)"),
+                      (str(tmp_path / "none"), "no results.json in")):
         with pytest.raises(SystemExit) as e:
             main(["--join", a, bad, "--out", str(tmp_path / "x")])
         assert name in str(e.value) and "\n" not in str(e.value)

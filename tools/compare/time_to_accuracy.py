@@ -70,7 +70,7 @@ from tools.compare.settings import (
     trl_generation,
     trl_trainer,
 )
-from tools.compare.tta_report import SET, finish, join_results, reached, save
+from tools.compare.tta_report import SET, finish, join_results, load, reached, save
 
 MARKS = (15, 30, 45, 60, 75, 90, 105, 120, 150, 180, 240, 300, 400, 500, 600, 800, 1000, 1200,
          1500, 1800)
@@ -273,24 +273,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.join:
-        saved = []
-        for d in args.join:
-            with open(os.path.join(d, "results.json")) as f:
-                saved.append(json.load(f))
+    if args.join or args.report:
         try:
-            joined = join_results(saved)
+            saved = join_results([load(d) for d in args.join]) if args.join else load(args.out)
         except ValueError as e:
             sys.exit(f"tools.compare.time_to_accuracy: {e}")
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(joined, f, indent=2)
-        args.report = True
-    if args.report:
-        with open(os.path.join(args.out, "results.json")) as f:
-            saved = json.load(f)
         for key in ("seeds", "n", "gain", "budget_s", "ours_flags"):
             setattr(args, key, saved["args"].get(key, ""))
         args.trl_engine = saved["args"].get("trl_engine", "hf")
+        # finish writes OUT/results.json: with --join, the joined runs
         print("\n".join(finish(args, saved["base"], saved["target"], saved["runs"])))
         return 0
     demo = get_preset("cpu-demo")

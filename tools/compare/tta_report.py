@@ -115,6 +115,15 @@ JOIN_SAME = ("n", "gain", "budget_s", "trl_engine", "ours_flags")
 """settings the runs of joined results must share (the seeds must differ)"""
 
 
+def load(out_dir: str) -> dict:
+    """OUT/results.json of an earlier run; a ValueError naming the path if there is none."""
+    path = os.path.join(out_dir, "results.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"no results.json in {out_dir}")
+    with open(path) as f:
+        return json.load(f)
+
+
 def join_results(saved: list[dict]) -> dict:
     """One results.json from several (`--join`): the runs of the same settings and base
     accuracy, seeds in the order given. A difference is a ValueError naming it."""
