@@ -73,9 +73,10 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
     """`reference_run(cfg) -> run dir` of a finished run of `cfg` that nobody interrupted, for
-    the tests that compare a faulted or resumed run with it. Made once per pytest run per
-    config (the pytest processes of `make test` share it through a file lock); read it, never
-    write to it. Needs the shared cluster (`ray_cluster`)."""
+    the tests that compare a faulted or resumed run with it, or check a plain run's outputs.
+    Made once per pytest run per config (the pytest processes of `make test` share it through a
+    file lock), with the weight versions its workers ended on in worker_versions.json; read
+    it, never write to it. Needs the shared cluster (`ray_cluster`)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reference-runs"
     root.mkdir(exist_ok=True)
@@ -95,8 +96,10 @@ def reference_run(tmp_path_factory):
                 trainer = Trainer(cfg, str(run_dir))
                 try:
                     trainer.run()
+                    versions = trainer.pool.worker_versions()
                 finally:
                     trainer.shutdown()
+                (run_dir / "worker_versions.json").write_text(json.dumps(versions))
         return run_dir
 
     return get
@@ -117,24 +120,26 @@ def own_ray():
 # tests out one at a time, in the order collected, as processes free up: a long test handed out
 # last would leave the other process idle while it runs. So the tests known to take 5 s or more
 # (tests/durations.json, seconds per test from a `--durations=0` run: `python -m
-# tools.ops.test_durations LOG`) go first, longest first; the rest keep their file order.
+# tools.ops.test_durations LOG`) go first, longest first, within the own-cluster tests and then
+# within the rest (`_order`); the rest keep their file order.
 # (Without `--maxschedchunk 1`, xdist gives each process a run of consecutive tests to start
 # with, and one process would get every long test.)
 DURATIONS = json.loads((Path(__file__).with_name("durations.json")).read_text())
 LONG_S = 5.0
 
 
-def _order(item, together: float) -> tuple[int, float, int]:
-    """Long tests first, longest first; then the tests that start a Ray cluster of their own
-    (`own_ray`) before those on the shared one, so that each pytest process starts the shared
-    cluster about once (it is shut down for every own_ray test, and started again, ~5-13 s, by
-    the next user). The tests on test_cluster.py's module-wide cluster (`three_nodes`) count as
-    one test of their summed time (`together`), so that it is started once."""
+def _order(item, together: float) -> tuple[int, float]:
+    """The tests that start a Ray cluster of their own (`own_ray`, test_cluster.py's module-wide
+    `three_nodes`) first, then the rest; in each group the long tests first, longest first, and
+    the others in file order. Each pytest process then starts the shared cluster about once: it
+    is shut down for every own_ray test and started again (~5-13 s) by the next user, which the
+    long tests of the two kinds taken by length alone did ~14 times a run. The tests on
+    `three_nodes` count as one test of their summed time (`together`), so that it is started
+    once."""
     fixtures = set(getattr(item, "fixturenames", ()))
     seconds = together if "three_nodes" in fixtures else DURATIONS.get(item.nodeid, 0.0)
-    if seconds >= LONG_S:
-        return 0, -seconds, 0
-    return 1, 0.0, 0 if {"own_ray", "three_nodes"} & fixtures else 1
+    own = bool({"own_ray", "three_nodes"} & fixtures)
+    return 0 if own else 1, -seconds if seconds >= LONG_S else 0.0
 
 
 def pytest_collection_modifyitems(config, items):

@@ -268,22 +268,23 @@ def test_a_learner_that_keeps_dying_stops_the_run_with_one_line(ray_cluster, tmp
         run_supervised(AlwaysKill(cfg, str(tmp_path)))
 
 
-def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path, caplog):
-    """One run, three kinds of bad checkpoint: a crash mid-write leaves a temp dir, or (between
-    rename and marker on a filesystem without atomic rename) a ckpt dir without COMPLETE: both
-    are never listed; the newest complete one with damaged tensors is refused with a warning,
-    and the run resumes from the one before it and ends with one row per step."""
-    cfg = tiny(steps=5)
-    cfg.run.checkpoint_every, cfg.run.keep_checkpoints = 2, 3
-    run_to_end(Trainer(cfg, str(tmp_path)))
-    os.makedirs(tmp_path / ".tmp-ckpt-000006-999")
-    os.makedirs(tmp_path / "ckpt-000006")
-    (tmp_path / "ckpt-000006" / "learner.json").write_bytes(b"truncated")
+def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, reference_run, tmp_path,
+                                                          caplog):
+    """One run (a copy of the reference run of `checkpointed()`), three kinds of bad checkpoint:
+    a crash mid-write leaves a temp dir, or (between rename and marker on a filesystem without
+    atomic rename) a ckpt dir without COMPLETE: both are never listed; the newest complete one
+    with damaged tensors is refused with a warning, and the run resumes from the one before it
+    and ends with one row per step."""
+    cfg = checkpointed()  # 6 steps, a checkpoint every 2, the newest 2 kept
+    shutil.copytree(reference_run(cfg), tmp_path, dirs_exist_ok=True)
+    os.makedirs(tmp_path / ".tmp-ckpt-000008-999")
+    os.makedirs(tmp_path / "ckpt-000008")
+    (tmp_path / "ckpt-000008" / "learner.json").write_bytes(b"truncated")
     assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == [
-        "ckpt-000002", "ckpt-000004", "ckpt-000005"]  # the run's end (step 5) is one too
-    data = (tmp_path / "ckpt-000005" / "learner.safetensors").read_bytes()
-    (tmp_path / "ckpt-000005" / "learner.safetensors").write_bytes(data[: len(data) // 2])
-    cfg.run.steps = 6
+        "ckpt-000004", "ckpt-000006"]  # the run's end (step 6) is one too
+    data = (tmp_path / "ckpt-000006" / "learner.safetensors").read_bytes()
+    (tmp_path / "ckpt-000006" / "learner.safetensors").write_bytes(data[: len(data) // 2])
+    cfg.run.steps = 7
     with caplog.at_level("WARNING", logger="homerl.train"):
         resumed = Trainer(cfg, str(tmp_path), resume=True)
     try:
@@ -291,10 +292,10 @@ def test_resume_skips_half_written_and_damaged_checkpoints(ray_cluster, tmp_path
         resumed.run()
     finally:
         resumed.shutdown()
-    assert any("ckpt-000005" in r.message and "previous checkpoint" in r.message
+    assert any("ckpt-000006" in r.message and "previous checkpoint" in r.message
                and "ckpt-000004" in r.message for r in caplog.records)
     rows = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows] == list(range(7))
 
 
 def test_a_hung_learner_step_is_killed_and_restored(ray_cluster, tmp_path):

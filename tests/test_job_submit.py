@@ -1,8 +1,9 @@
 """docs/cluster.md's path: `ray start --head`, then `ray job submit ... python -m launch.train`.
 
-Starts a real head node on 127.0.0.1 with its own ports, submits the tiny preset, waits for the
-job to succeed and checks its run directory; a second job has its learner SIGKILLed mid-run and
-must still finish every step once. The cluster is stopped at the end.
+Starts a real head node on 127.0.0.1 with its own ports and submits the tiny preset; the job has
+its learner SIGKILLed mid-run and must still succeed, with every step logged once and the final
+adapter saved. The cluster is stopped at the end. (One job does both: a head node and a job
+cost ~40 s of the suite's 2 cores, and a job that survives the kill has shown the plain path.)
 """
 
 import json
@@ -24,18 +25,6 @@ def job_cmd(address: str, run_dir, *flags: str) -> list[str]:
             "--runtime-env-json", json.dumps({"excludes": [".venv", "runs", ".git"]}),
             "--", "python", "-m", "launch.train", "--preset", "tiny", "--run-dir", str(run_dir),
             *flags]
-
-
-@pytest.mark.slow
-def test_job_submit_runs_tiny_preset(head_node, tmp_path):
-    run_dir = tmp_path / "job-run"
-    proc = submit(job_cmd(head_node.address, run_dir, "--steps", "3"), head_node.env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "succeeded" in proc.stdout
-    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert (run_dir / "final" / "adapter_config.json").exists()
-    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def learner_pids(session: int) -> list[int]:
@@ -82,4 +71,5 @@ def test_job_submit_survives_a_killed_learner(head_node, tmp_path):
     assert [r[M.STEP] for r in rows] == list(range(steps))  # each step once, none lost
     assert rows[-1][M.LEARNER_RESTARTS] == 1
     assert "the learner died" in proc.stdout  # the job log says what happened
+    assert (run_dir / "final" / "adapter_config.json").exists()
     shutil.rmtree(run_dir, ignore_errors=True)

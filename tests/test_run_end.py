@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 import pytest
 
@@ -28,19 +29,20 @@ def resume_to_the_end(cfg, run_dir: str) -> int:
     return start
 
 
-def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, tmp_path):
+def test_the_end_of_a_run_is_a_checkpoint_that_resume_extends(run_job, reference_run, tmp_path):
     cfg = get_preset("tiny")
-    cfg.run.steps, cfg.run.checkpoint_every = 3, 0
-    run_job(cfg, tmp_path)
+    # 2 steps, no checkpoint but the end: test_faults' damaged-checkpoint reference run, copied
+    cfg.run.steps, cfg.run.checkpoint_every = 2, 0
+    shutil.copytree(reference_run(cfg), tmp_path, dirs_exist_ok=True)
     assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == [
-        "ckpt-000003"]
+        "ckpt-000002"]
     assert (tmp_path / "final" / "homerl.json").exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith((".tmp-", ".trash-"))]
-    cfg.run.steps = 5
+    cfg.run.steps = 4
     summary, rows, _ = run_job(cfg, tmp_path, resume=True)
-    assert [r["step"] for r in rows] == list(range(5)) and summary["steps"] == 5
-    assert [r["weights/version"] for r in rows] == [1, 2, 3, 4, 5]  # went on from version 3
-    assert list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000005")
+    assert [r["step"] for r in rows] == list(range(4)) and summary["steps"] == 4
+    assert [r["weights/version"] for r in rows] == [1, 2, 3, 4]  # went on from version 2
+    assert list_checkpoints(str(tmp_path))[-1].endswith("ckpt-000004")
 
 
 def test_a_failed_end_save_is_one_line_naming_the_last_good_checkpoint(ray_cluster, tmp_path):

@@ -21,22 +21,23 @@ def test_every_timed_test_exists():
         assert re.search(rf"^def {re.escape(name.split('[')[0])}\(", source, re.M), nodeid
 
 
-def test_long_tests_go_first_longest_first_then_own_clusters():
+def test_own_cluster_tests_first_then_the_rest_long_ones_first_in_each():
     def item(nodeid, *fixtures):
         return SimpleNamespace(nodeid=nodeid, fixturenames=["tmp_path", *fixtures])
 
-    long_ids = sorted(DURATIONS, key=DURATIONS.get)[-3:]  # the three longest, shortest first
+    long_ids = sorted(DURATIONS, key=DURATIONS.get)[-4:]  # the four longest, shortest first
     short_shared, short_own = item("tests/x.py::test_a", "ray_cluster"), item(
         "tests/x.py::test_b", "own_ray")
-    items = [short_shared, *(item(i) for i in long_ids), short_own]
+    long_own = [item(i, "own_ray") for i in long_ids[:2]]
+    long_shared = [item(i) for i in long_ids[2:]]
+    items = [short_shared, *long_own, *long_shared, short_own]
     items.sort(key=lambda i: _order(i, together=0.0))
-    assert [i.nodeid for i in items[:3]] == long_ids[::-1]
-    assert items[3:] == [short_own, short_shared]
+    assert items == [*long_own[::-1], short_own, *long_shared[::-1], short_shared]
     assert all(DURATIONS[i] >= LONG_S for i in long_ids)
-    # tests on one module-wide cluster sort as one test of their summed time
+    # tests on one module-wide cluster sort as one own-cluster test of their summed time
     cluster = item("tests/x.py::test_c", "three_nodes")
-    assert _order(cluster, together=LONG_S + 1)[0] == 0
-    assert _order(cluster, together=LONG_S - 1)[0] == 1
+    assert _order(cluster, together=LONG_S + 1) == (0, -(LONG_S + 1))
+    assert _order(cluster, together=LONG_S - 1) == (0, 0.0)
 
 
 def test_durations_add_setup_call_and_teardown(tmp_path):

@@ -1,6 +1,8 @@
 """End-to-end tiny runs on a real local Ray cluster: outputs, staleness, weight sync, resume."""
 
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -30,16 +32,31 @@ def run_tiny(run_job):
     return run
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_tiny_run_end_to_end(run_tiny, tmp_path, staleness):
-    summary, rows, versions = run_tiny(tmp_path, steps=4, max_staleness=staleness)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+def reference(reference_run, cfg) -> tuple[dict, list[dict], list[int]]:
+    """(summary, metrics rows, the workers' final weight versions) of the reference run of `cfg`."""
+    run_dir = reference_run(cfg)
+    read = lambda name: json.loads((run_dir / name).read_text())  # noqa: E731
+    return read("summary.json"), read_jsonl(str(run_dir / "metrics.jsonl")), read(
+        "worker_versions.json")
+
+
+# Plain runs that other tests compare with (`reference_run`) serve the checks of a run's outputs
+# too: (3 steps, staleness 0, no checkpoint but the end) is test_faults' hung-worker reference,
+# (6, 1, a checkpoint every 2 steps) the resume test's below; a run of its own would cost a
+# Trainer start (~20 CPU-s) more.
+@pytest.mark.parametrize("steps,staleness,every", [(3, 0, 0), (6, 1, 2)])
+def test_tiny_run_end_to_end(reference_run, steps, staleness, every):
+    cfg = tiny_cfg(steps, max_staleness=staleness)
+    cfg.run.checkpoint_every = every
+    summary, rows, versions = reference(reference_run, cfg)
+    assert [r["step"] for r in rows] == list(range(steps))
     for key in REQUIRED:
         assert all(key in r for r in rows), key
-    assert [r["weights/version"] for r in rows] == [1, 2, 3, 4]
+    assert [r["weights/version"] for r in rows] == list(range(1, steps + 1))
     # Rollout k was generated with version max(0, k - staleness).
-    assert [r["rollout/version"] for r in rows] == [max(0, k - staleness) for k in range(4)]
-    assert [r["policy/staleness"] for r in rows] == [k - max(0, k - staleness) for k in range(4)]
+    assert [r["rollout/version"] for r in rows] == [max(0, k - staleness) for k in range(steps)]
+    assert [r["policy/staleness"] for r in rows] == [k - max(0, k - staleness)
+                                                    for k in range(steps)]
     # a step whose rollout used pushed weights reports the worker's load of them; step 0's
     # rollout (version 0, the weights the worker started with) loaded none
     loads = [r["time/weight_load_s"] for r in rows]
@@ -47,15 +64,16 @@ def test_tiny_run_end_to_end(run_tiny, tmp_path, staleness):
     if staleness == 0:  # same weights on both sides: the engines' numerical mismatch alone
         assert all(r["policy/logp_diff"] < 1e-3 for r in rows), [r["policy/logp_diff"]
                                                                    for r in rows]
-    assert versions == [4]  # the last push reached the worker
+    assert versions == [steps]  # the last push reached the worker
+    run_dir = Path(summary["final"]).parent
     for name in ("config.json", "summary.json", "curves.png", "samples.jsonl"):
-        assert (tmp_path / name).exists(), name
+        assert (run_dir / name).exists(), name
     model, tok = load_for_eval(summary["final"], dtype=__import__("torch").float32)
     assert model.config.vocab_size == len(tok)
 
 
-def test_steps_per_call_launches_consecutive_steps_together(run_tiny, tmp_path):
-    _, rows, versions = run_tiny(tmp_path, steps=6, max_staleness=3, steps_per_call=2)
+def test_steps_per_call_launches_consecutive_steps_together(reference_run):
+    _, rows, versions = reference(reference_run, tiny_cfg(6, max_staleness=3, steps_per_call=2))
     assert [r["step"] for r in rows] == list(range(6))
     # Calls (0,1) and (2,3) go out at the start with version 0; (4,5) only once its last step
     # is within staleness 3, at step 2 with version 2. One step per call would give 1 for step 4.
