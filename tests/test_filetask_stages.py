@@ -1,4 +1,4 @@
-"""File tasks as curriculum stages, trained end to end on each format, and scored by
+"""File tasks as curriculum stages, trained end to end, and scored by
 launch.evaluate (the loading, mapping and splitting of the files: tests/test_filetask.py)."""
 
 import json
@@ -65,8 +65,12 @@ def test_sent_cache_key_of_a_file_stage_holds_its_path_and_mapping():
 
 # -- end to end ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["csv", "parquet", "disk"])
-def test_a_tiny_run_trains_on_each_format(tmp_path, kind, ray_cluster, capsys):
+# Two runs: a CSV of plain prompts (answers read as text) and a save_to_disk folder of chat
+# prompts (typed answers). Parquet reads into the same rows as these (test_filetask.py's loading
+# test covers all four formats), so a third run (a Trainer start, ~20 CPU-s) would add nothing.
+@pytest.mark.parametrize("kind", ["csv", "disk"])
+def test_a_tiny_run_trains_on_a_csv_and_on_a_chat_dataset_folder(tmp_path, kind, ray_cluster,
+                                                                 capsys):
     from launch.train import main
 
     items = rows()
