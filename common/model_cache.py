@@ -1,7 +1,9 @@
 """homerl's model cache: folders built once per machine and shared by every process.
 
     cache_dir()                      $HOMERL_CACHE or ~/.cache/homerl
-    materialize(name, build)         cache_dir()/models/NAME, built by build(tmp) if missing
+    materialize(name, build, meta)   cache_dir()/models/NAME, built by build(tmp) if missing
+    entries()                        (folder, marker) of every complete entry
+    remove(name)                     delete an entry, under its build lock
 
 A build writes into a temporary folder beside the final one, the completion marker goes in
 last and the folder is renamed into place, so readers only ever see complete entries;
@@ -60,11 +62,12 @@ def build_lock(parent: Path, name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def materialize(name: str, build) -> Path:
+def materialize(name: str, build, meta: dict | None = None) -> Path:
     """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
 
-    The build writes into a temp dir next to the final one; the marker goes in last and the
-    directory is renamed into place, so readers only ever see complete entries.
+    The build writes into a temp dir next to the final one; the marker (with ``meta`` in it)
+    goes in last and the directory is renamed into place, so readers only ever see complete
+    entries.
     """
     final = models_dir() / name
     if is_complete(final):  # fast path: no lock, no imports
@@ -79,14 +82,42 @@ def materialize(name: str, build) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
         try:
             build(tmp)
-            marker = {"format": CACHE_FORMAT, "name": name, "created": time.time()}
+            marker = {**(meta or {}), "format": CACHE_FORMAT, "name": name,
+                      "created": time.time()}
             (tmp / MARKER).write_text(json.dumps(marker))
             os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared between users
             if final.exists():  # outdated or half-deleted entry: move aside, then replace
-                old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
-                os.rename(final, old / "old")
-                shutil.rmtree(old, ignore_errors=True)
+                _move_aside_and_delete(final)
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _move_aside_and_delete(entry: Path) -> None:
+    """Rename first (readers never see a half-deleted entry under its name), then delete. A
+    process that has the files open or mapped keeps them: they are unlinked, not truncated."""
+    old = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    os.rename(entry, old / "old")
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def entries() -> list[tuple[Path, dict]]:
+    """(folder, marker) of every complete entry of the current format."""
+    found = []
+    for path in sorted(models_dir().glob("[!.]*")):
+        try:
+            marker = json.loads((path / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        if marker.get("format") == CACHE_FORMAT:
+            found.append((path, marker))
+    return found
+
+
+def remove(name: str) -> None:
+    """Delete the entry ``name`` (if it is there) under its build lock."""
+    final = models_dir() / name
+    with build_lock(final.parent, name):
+        if final.exists():
+            _move_aside_and_delete(final)

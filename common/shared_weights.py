@@ -14,7 +14,8 @@ one folder per source checkpoint and dtype. It is built with `common.model_cache
 under the cache's build lock (concurrent workers wait for one build, not race), in a temp
 folder renamed into place with a complete-marker written last (a killed build is redone).
 The folder's name carries a digest of the source files' paths, sizes and mtimes, so an edited
-checkpoint gets a new conversion rather than a stale one.
+checkpoint gets a new conversion rather than a stale one; the old one, like the conversion of a
+checkpoint since deleted, goes when a checkpoint is next resolved (`prune_stale_conversions`).
 
 Tensors are converted one at a time and streamed into the file, so building Qwen2-0.5B holds one
 tensor (its 0.5 GiB embedding) in memory, not the whole fp32 model.
@@ -36,7 +37,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.model_cache import materialize
+from common.model_cache import entries, materialize, remove
 
 if TYPE_CHECKING:
     import torch
@@ -104,9 +105,31 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     kinds = stored_dtypes(folder)
     if not kinds & CONVERTIBLE or not kinds <= set(DTYPES):  # nothing to convert, or unknown
         return path
+    source, dtype_name = str(folder.resolve()), str(dtype).removeprefix("torch.")
     entry = materialize(_entry_name(folder, dtype),
-                         lambda out: convert_checkpoint(folder, out, dtype))
+                         lambda out: convert_checkpoint(folder, out, dtype),
+                         meta={"source": source, "dtype": dtype_name})
+    prune_stale_conversions()
     return str(entry)
+
+
+def prune_stale_conversions() -> list[str]:
+    """Delete the conversions whose source checkpoint is gone, or has changed since (its
+    conversion now has another name): without this, each deleted or re-saved half-precision
+    checkpoint would leave its full fp32 copy in the cache for good (2 GiB for Qwen2-0.5B).
+    Entries from before the marker named their source are left alone. Returns their names."""
+    import torch
+
+    stale = []
+    for path, marker in entries():
+        source, dtype = marker.get("source"), getattr(torch, marker.get("dtype") or "", None)
+        if source is None or not isinstance(dtype, torch.dtype):
+            continue
+        folder = Path(source)
+        if not _shards(folder) or _entry_name(folder, dtype) != path.name:
+            remove(path.name)
+            stale.append(path.name)
+    return stale
 
 
 def convert_checkpoint(src: Path, out: Path, dtype: torch.dtype) -> None:

@@ -5,6 +5,7 @@ after a killed build), the values are exactly bf16 -> fp32, the HF workers stay 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,30 @@ def test_the_build_is_idempotent(cache, tmp_path):
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert (first / ".homerl-complete").read_text() == marker
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == [first.name]
+
+
+def test_a_deleted_or_resaved_checkpoints_conversion_is_removed_at_the_next_resolve(
+        cache, tmp_path):
+    """The cache keeps one conversion per live source: a checkpoint deleted, or re-saved (new
+    mtimes: a new conversion), leaves no fp32 copy behind once any checkpoint is resolved;
+    another live source's conversion and an entry whose marker names no source stay."""
+    keep, gone, edited = (save_half(tmp_path / n) for n in ("keep", "gone", "edited"))
+    names = {n: Path(shared_checkpoint(str(p), torch.float32)).name
+             for n, p in (("keep", keep), ("gone", gone), ("edited", edited))}
+    legacy = cache / "legacy-entry"  # made before markers named their source
+    legacy.mkdir()
+    (legacy / ".homerl-complete").write_text(json.dumps({"format": 1, "name": legacy.name}))
+    marker = json.loads((cache / names["gone"] / ".homerl-complete").read_text())
+    assert marker["source"] == str(gone.resolve()) and marker["dtype"] == "float32"
+
+    shutil.rmtree(gone)
+    time.sleep(0.01)  # a later mtime for the re-saved shard
+    save_half(edited, init_std=0.05)
+    new = Path(shared_checkpoint(str(edited), torch.float32)).name
+    assert new != names["edited"]
+    left = sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+    assert left == sorted([names["keep"], new, "legacy-entry"])
+    assert not [p for p in cache.iterdir() if ".tmp-" in p.name]  # nothing half-deleted
 
 
 KILLED_BUILD = """
