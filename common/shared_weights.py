@@ -15,7 +15,7 @@ under the cache's build lock (concurrent workers wait for one build, not race), 
 folder renamed into place with a complete-marker written last (a killed build is redone).
 The folder's name carries a digest of the source files' paths, sizes and mtimes, so an edited
 checkpoint gets a new conversion rather than a stale one; the old one, like the conversion of a
-checkpoint since deleted, goes when a checkpoint is next resolved (`prune_stale_conversions`).
+checkpoint since deleted, goes when a model is next resolved for fp32 (`prune_stale_conversions`).
 
 Tensors are converted one at a time and streamed into the file, so building Qwen2-0.5B holds one
 tensor (its 0.5 GiB embedding) in memory, not the whole fp32 model.
@@ -99,6 +99,7 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
 
     if dtype != torch.float32 or not sharing_enabled():
         return path
+    prune_stale_conversions()
     folder = _local_dir(path)
     if folder is None or not _shards(folder):
         return path
@@ -109,7 +110,6 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     entry = materialize(_entry_name(folder, dtype),
                          lambda out: convert_checkpoint(folder, out, dtype),
                          meta={"source": source, "dtype": dtype_name})
-    prune_stale_conversions()
     return str(entry)
 
 

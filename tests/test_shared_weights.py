@@ -129,11 +129,12 @@ def test_the_build_is_idempotent(cache, tmp_path):
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == [first.name]
 
 
-def test_a_deleted_or_resaved_checkpoints_conversion_is_removed_at_the_next_resolve(
+def test_a_deleted_or_resaved_checkpoints_conversion_goes_at_the_next_resolve(
         cache, tmp_path):
     """The cache keeps one conversion per live source: a checkpoint deleted, or re-saved (new
-    mtimes: a new conversion), leaves no fp32 copy behind once any checkpoint is resolved;
-    another live source's conversion and an entry whose marker names no source stay."""
+    mtimes: a new conversion), leaves no fp32 copy behind once any model is resolved for fp32
+    (an fp32 one too); another live source's conversion and an entry whose marker names no
+    source stay."""
     keep, gone, edited = (save_half(tmp_path / n) for n in ("keep", "gone", "edited"))
     names = {n: Path(shared_checkpoint(str(p), torch.float32)).name
              for n, p in (("keep", keep), ("gone", gone), ("edited", edited))}
@@ -143,13 +144,18 @@ def test_a_deleted_or_resaved_checkpoints_conversion_is_removed_at_the_next_reso
     marker = json.loads((cache / names["gone"] / ".homerl-complete").read_text())
     assert marker["source"] == str(gone.resolve()) and marker["dtype"] == "float32"
 
+    def left():
+        return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
+
     shutil.rmtree(gone)
+    fp32 = cache / names["keep"]  # an fp32 checkpoint: nothing to convert, still a resolve
+    assert shared_checkpoint(str(fp32), torch.float32) == str(fp32)
+    assert left() == sorted([names["keep"], names["edited"], "legacy-entry"])
     time.sleep(0.01)  # a later mtime for the re-saved shard
     save_half(edited, init_std=0.05)
     new = Path(shared_checkpoint(str(edited), torch.float32)).name
     assert new != names["edited"]
-    left = sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
-    assert left == sorted([names["keep"], new, "legacy-entry"])
+    assert left() == sorted([names["keep"], new, "legacy-entry"])
     assert not [p for p in cache.iterdir() if ".tmp-" in p.name]  # nothing half-deleted
 
 
