@@ -5,6 +5,9 @@
     entries()                        (folder, marker) of every complete entry
     remove(name)                     delete an entry, under its build lock
 
+A build the disk refuses (full, read-only, no permission) raises CacheWriteError: one line
+naming the cache folder and what to do, for the actor that hit it to report.
+
 A build writes into a temporary folder beside the final one, the completion marker goes in
 last and the folder is renamed into place, so readers only ever see complete entries;
 concurrent builders (Ray actors resolving one model at once) wait on a lock.
@@ -13,6 +16,7 @@ concurrent builders (Ray actors resolving one model at once) wait on a lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -28,6 +32,10 @@ except ImportError:  # pragma: no cover - non-POSIX
 # Bump when the recipe of a cached entry changes, so stale caches are rebuilt.
 CACHE_FORMAT = 1
 MARKER = ".homerl-complete"
+
+class CacheWriteError(OSError):
+    """A cache entry that could not be written; the message is one line saying what to do."""
+
 
 def cache_dir() -> Path:
     """Root of homerl's cache: ``$HOMERL_CACHE`` or ``~/.cache/homerl``."""
@@ -62,16 +70,34 @@ def build_lock(parent: Path, name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def materialize(name: str, build, meta: dict | None = None) -> Path:
+def materialize(name: str, build, meta: dict | None = None, hint: str = "") -> Path:
     """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
 
     The build writes into a temp dir next to the final one; the marker (with ``meta`` in it)
     goes in last and the directory is renamed into place, so readers only ever see complete
-    entries.
+    entries. A disk that refuses it (`REFUSED`) is a CacheWriteError, its message ending in
+    ``hint``.
     """
     final = models_dir() / name
     if is_complete(final):  # fast path: no lock, no imports
         return final
+    try:
+        return _build(final, build, meta)
+    except OSError as e:
+        if isinstance(e, CacheWriteError) or e.errno not in REFUSED:
+            raise
+        why = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+        raise CacheWriteError(
+            f"the model cache {final.parent} could not take {name} ({why}); free space there, "
+            f"or set HOMERL_CACHE to a folder on a disk with room{hint}") from e
+
+
+REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+"""the errors of a disk that will not take an entry (full, over quota, read-only, not ours)"""
+
+
+def _build(final: Path, build, meta: dict | None) -> Path:
+    name = final.name
     final.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(final.parent, name):
         if is_complete(final):  # another process finished while we waited

@@ -107,9 +107,14 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     if not kinds & CONVERTIBLE or not kinds <= set(DTYPES):  # nothing to convert, or unknown
         return path
     source, dtype_name = str(folder.resolve()), str(dtype).removeprefix("torch.")
+    need = 2 * sum(shard.stat().st_size for shard in _shards(folder))  # fp32: ~2x the half
+    size = f"{need / 2**30:.1f} GiB" if need >= 2**30 else f"{need / 2**20:.0f} MiB"
     entry = materialize(_entry_name(folder, dtype),
                          lambda out: convert_checkpoint(folder, out, dtype),
-                         meta={"source": source, "dtype": dtype_name})
+                         meta={"source": source, "dtype": dtype_name},
+                         hint=f" (the fp32 copy of {folder} takes about {size}), or "
+                              "set HOMERL_SHARE_WEIGHTS=0 (each process then holds a private "
+                              "fp32 copy in RAM instead)")
     return str(entry)
 
 

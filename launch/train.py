@@ -31,6 +31,7 @@ from launch.cli import open_run
 from launch.driver.checkpointing import CheckpointWriteError
 from launch.driver.placement import CapacityLostError
 from launch.driver.pool import WeightSyncError
+from launch.driver.roles import ActorStartError
 from launch.driver.supervise import LearnerLostError, run_supervised
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.ownership import remove_if_untouched
@@ -53,7 +54,8 @@ def main(argv=None) -> int:
 def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
     try:
         trainer = Trainer(cfg, run_dir, resume)
-    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError) as e:
+    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError,
+            ActorStartError) as e:
         print(f"launch.train: error: {e}", file=sys.stderr)
         return 2
     try:
@@ -61,8 +63,8 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
     except RunStopped as e:
         print(f"launch.train: {e}; resume with --resume {run_dir}")
         return 0
-    except (WeightSyncError, LearnerLostError, CheckpointWriteError,
-            CapacityLostError) as e:  # stop, keep the run
+    except (WeightSyncError, LearnerLostError, CheckpointWriteError, CapacityLostError,
+            ActorStartError) as e:  # stop, keep the run (a restart's actors may fail to start)
         print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
               file=sys.stderr)
         return 1

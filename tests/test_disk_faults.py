@@ -116,6 +116,37 @@ def test_an_unwritable_run_dir_is_one_line_before_anything_starts(tmp_path):
                                    "not writable (a read-only file system)")
 
 
+def test_a_model_cache_too_full_for_the_fp32_copy_is_one_line_and_leaves_nothing(small_disk,
+                                                                                  tmp_path):
+    """A bf16 model's fp32 copy (common/shared_weights.py) is written by the actors that load
+    it: a full disk there is one line naming the cache and the ways out (exit 2, no run
+    directory left), not an actor's traceback, and no half-written entry stays in the cache."""
+    import torch
+
+    from common.tiny_model import build_tiny_qwen2
+
+    model, tokenizer = build_tiny_qwen2(seed=3)
+    src = tmp_path / "bf16"
+    model.to(torch.bfloat16).save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    fill(str(small_disk), leave=64 * 1024)  # the copy needs ~0.4 MiB
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "launch.train", "--preset", "tiny", "--model",
+                           str(src), "--steps", "1", "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_ADDRESS": "", "HOMERL_CACHE": str(small_disk),
+                               "HOMERL_SHARE_WEIGHTS": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = [line for line in proc.stderr.splitlines() if line.startswith("launch.train:")]
+    assert len(err) == 1, proc.stderr[-3000:]
+    assert err[0].startswith(f"launch.train: error: an actor could not start: CacheWriteError: "
+                             f"the model cache {small_disk / 'models'} could not take bf16-")
+    assert "(No space left on device)" in err[0] and "HOMERL_SHARE_WEIGHTS=0" in err[0], err[0]
+    assert not run.exists()
+    assert [p.name for p in (small_disk / "models").iterdir() if not p.name.endswith(".lock")
+            ] == []
+
+
 def test_a_run_dir_holding_a_run_is_refused_unless_resumed(tmp_path):
     """A second run into a run's directory would append to its metrics.jsonl (two runs mixed in
     one curve): refused in one line, before any actor starts, and the run's files untouched."""

@@ -159,6 +159,31 @@ def test_a_deleted_or_resaved_checkpoints_conversion_goes_at_the_next_resolve(
     assert not [p for p in cache.iterdir() if ".tmp-" in p.name]  # nothing half-deleted
 
 
+def test_a_disk_that_refuses_a_cache_entry_is_one_line_and_leaves_no_half_entry(cache):
+    """A full (or read-only, or foreign) disk under the cache is a CacheWriteError naming the
+    folder and the ways out; any other OSError of a build (its source unreadable) stays itself."""
+    import errno
+
+    from common.model_cache import CacheWriteError, materialize
+
+    def full(out):
+        (out / "part").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CacheWriteError) as e:
+        materialize("entry", full, hint=", or see the docs")
+    assert str(e.value) == (f"the model cache {cache} could not take entry (No space left on "
+                            "device); free space there, or set HOMERL_CACHE to a folder on a "
+                            "disk with room, or see the docs")
+    assert [p.name for p in cache.iterdir()] == [".entry.lock"]  # no half-written entry
+
+    def gone(out):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/gone/model")
+
+    with pytest.raises(FileNotFoundError):
+        materialize("other", gone)
+
+
 KILLED_BUILD = """
 import sys, time, torch
 from pathlib import Path

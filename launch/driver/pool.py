@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from dataclasses import dataclass, replace
 
 import ray
@@ -100,7 +101,11 @@ class WorkerPool:
             self._spawn(i) for i in range(cfg.rollout.num_workers)]
         self.versions = [0] * len(self.workers)
         self.push_refs: list[list[tuple[int, ray.ObjectRef]]] = [[] for _ in self.workers]
-        ray.get([w.ping.remote() for w in self.workers], timeout=START_TIMEOUT_S)
+        try:
+            ray.get([w.ping.remote() for w in self.workers], timeout=START_TIMEOUT_S)
+        except RayActorError:  # one could not start: leave none running
+            kill_and_wait(self.workers)
+            raise
 
     def _spawn(self, i: int):
         opts = {"num_cpus": self.cfg.rollout.threads_per_worker, "name": None,
@@ -230,7 +235,7 @@ class WorkerPool:
                 continue  # a dead worker: its next rollout fails and `_recover` replaces it
             except RayTaskError as e:
                 log.warning("worker %d failed to load version %d (%s); retrying", i, version,
-                            _reason(e))
+                            error_line(e))
                 self._load(i, max(version, self.version))
                 ok = False
         self.push_refs[i] = still
@@ -275,7 +280,7 @@ class WorkerPool:
             except (RayTaskError, GetTimeoutError) as e:
                 error = e
         raise WeightSyncError(f"worker {i} could not load weights version {version} after "
-                              f"{PUSH_TRIES} tries: {_reason(error)}")
+                              f"{PUSH_TRIES} tries: {error_line(error)}")
 
     def _recover(self, share: Share, replace: bool = True) -> None:
         """Re-run a failed share on a live worker holding exactly the share's weight version.
@@ -311,7 +316,7 @@ class WorkerPool:
                 if attempt == PUSH_TRIES:
                     raise
                 log.warning("replacement of worker %d died too (%s); replacing it again",
-                            i, _reason(e))
+                            i, error_line(e))
 
     # ---- a shared GPU ----------------------------------------------------------------------
     def sleep(self) -> None:
@@ -344,10 +349,11 @@ class WorkerPool:
             kill_and_wait(self.workers)
 
 
-def _reason(e: BaseException | None) -> str:
-    """The message a user needs from a Ray error: its last non-empty line (the raised error)."""
+def error_line(e: BaseException | None) -> str:
+    """The message a user needs from a Ray error: its last non-empty line (the raised error),
+    its class named without its module (`CacheWriteError: ...`)."""
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else type(e).__name__
+    return re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", lines[-1].strip()) if lines else type(e).__name__
 
 
 def kill_and_wait(actors: list, timeout_s: float = 30.0) -> None:

@@ -26,14 +26,19 @@ import importlib.util
 import logging
 
 import ray
+from ray.exceptions import RayActorError
 
 from actors.vllm_engine import VLLMVersionError, check_version
 from common.config import Config, ConfigError
 from common.device import DevicePlan
 from launch.driver.placement import Layout
-from launch.driver.pool import START_TIMEOUT_S, WorkerPool
+from launch.driver.pool import START_TIMEOUT_S, WorkerPool, error_line, kill_and_wait
 
 log = logging.getLogger("homerl.start")
+
+
+class ActorStartError(RuntimeError):
+    """An actor that failed in its `__init__`; the message is the one line of its error."""
 
 LEARNER_METHODS = ("close", "consolidate", "export", "load", "nf4_state", "ping", "placement",
                    "ready", "save", "save_final", "train_on", "train_step")
@@ -109,14 +114,27 @@ def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runt
         num_cpus=cfg.rollout.learner_threads, num_gpus=layout.learner_gpus,
         name=f"learner:{tag}", scheduling_strategy=layout.learner_strategy(),
         runtime_env=runtime_env).remote(cfg, **one_copy)
-    if cfg.rollout.one_copy:
-        return learner, WorkerPool(cfg, None, layout, tag=tag, learner=learner)
-    worker_cls = rollout_worker_class(cfg)
-    if devices.shared_card:
-        ready = ray.get(learner.ready.remote(), timeout=START_TIMEOUT_S)
-        log.info("the learner holds %.2f GiB of the card (%s); starting the rollout engine",
-                 ready["allocated_bytes"] / 2**30, ready["device"])
-    # QLoRA: every worker dequantises the learner's own NF4 bytes (Ray resolves the reference
-    # before a worker's __init__ runs, so a worker also starts after the learner's model)
-    nf4 = learner.nf4_state.remote() if cfg.lora.mode == "qlora" else None
-    return learner, WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4, fn_code=fn_code)
+    try:
+        if cfg.rollout.one_copy:
+            return learner, WorkerPool(cfg, None, layout, tag=tag, learner=learner)
+        worker_cls = rollout_worker_class(cfg)
+        if devices.shared_card:
+            ready = ray.get(learner.ready.remote(), timeout=START_TIMEOUT_S)
+            log.info("the learner holds %.2f GiB of the card (%s); starting the rollout engine",
+                     ready["allocated_bytes"] / 2**30, ready["device"])
+        # QLoRA: every worker dequantises the learner's own NF4 bytes (Ray resolves the
+        # reference before a worker's __init__ runs, so a worker also starts after the
+        # learner's model)
+        nf4 = learner.nf4_state.remote() if cfg.lora.mode == "qlora" else None
+        pool = WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4, fn_code=fn_code)
+        try:
+            ray.get(learner.ping.remote(), timeout=START_TIMEOUT_S)  # a learner that cannot load
+        except RayActorError:
+            kill_and_wait(pool.workers)
+            raise
+        return learner, pool
+    except RayActorError as e:
+        # an actor's __init__ raised (a model it cannot read, a disk too full for the model
+        # cache): one line to the user, no actor left running (WorkerPool kills its own)
+        kill_and_wait([learner])
+        raise ActorStartError(f"an actor could not start: {error_line(e)}") from e
