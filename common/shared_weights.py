@@ -108,7 +108,8 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
         return path
     source, dtype_name = str(folder.resolve()), str(dtype).removeprefix("torch.")
     need = 2 * sum(shard.stat().st_size for shard in _shards(folder))  # fp32: ~2x the half
-    size = f"{need / 2**30:.1f} GiB" if need >= 2**30 else f"{need / 2**20:.0f} MiB"
+    size = next(f"{need / 2**k:.1f} {unit}" for k, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"),
+                                                               (0, "bytes")) if need >= 2**k)
     entry = materialize(_entry_name(folder, dtype),
                          lambda out: convert_checkpoint(folder, out, dtype),
                          meta={"source": source, "dtype": dtype_name},

@@ -142,6 +142,8 @@ def test_a_model_cache_too_full_for_the_fp32_copy_is_one_line_and_leaves_nothing
     assert err[0].startswith(f"launch.train: error: an actor could not start: CacheWriteError: "
                              f"the model cache {small_disk / 'models'} could not take bf16-")
     assert "(No space left on device)" in err[0] and "HOMERL_SHARE_WEIGHTS=0" in err[0], err[0]
+    kib = 2 * (src / "model.safetensors").stat().st_size / 1024  # fp32: twice the bf16 bytes
+    assert f"the fp32 copy of {src} takes about {kib:.1f} KiB)" in err[0], err[0]
     assert not run.exists()
     assert [p.name for p in (small_disk / "models").iterdir() if not p.name.endswith(".lock")
             ] == []
