@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 try:  # Advisory locks only exist on POSIX; elsewhere concurrent builds just race harmlessly.
@@ -70,13 +71,14 @@ def build_lock(parent: Path, name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def materialize(name: str, build, meta: dict | None = None, hint: str = "") -> Path:
+def materialize(name: str, build, meta: dict | None = None,
+                hint: Callable[[], str] = lambda: "") -> Path:
     """Return the cached entry ``name``, building it with ``build(tmp_dir)`` if missing.
 
     The build writes into a temp dir next to the final one; the marker (with ``meta`` in it)
     goes in last and the directory is renamed into place, so readers only ever see complete
     entries. A disk that refuses it (`REFUSED`) is a CacheWriteError, its message ending in
-    ``hint``.
+    ``hint()`` (called only then: it may stat the source).
     """
     final = models_dir() / name
     if is_complete(final):  # fast path: no lock, no imports
@@ -89,7 +91,7 @@ def materialize(name: str, build, meta: dict | None = None, hint: str = "") -> P
         why = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
         raise CacheWriteError(
             f"the model cache {final.parent} could not take {name} ({why}); free space there, "
-            f"or set HOMERL_CACHE to a folder on a disk with room{hint}") from e
+            f"or set HOMERL_CACHE to a folder on a disk with room{hint()}") from e
 
 
 REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}

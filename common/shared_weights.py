@@ -15,7 +15,9 @@ under the cache's build lock (concurrent workers wait for one build, not race), 
 folder renamed into place with a complete-marker written last (a killed build is redone).
 The folder's name carries a digest of the source files' paths, sizes and mtimes, so an edited
 checkpoint gets a new conversion rather than a stale one; the old one, like the conversion of a
-checkpoint since deleted, goes when a model is next resolved for fp32 (`prune_stale_conversions`).
+checkpoint since deleted, goes when a model is next resolved for fp32 on the machine that built
+it (`prune_stale_conversions`; a cache shared over NFS holds other machines' conversions, whose
+sources this one may not see).
 
 Tensors are converted one at a time and streamed into the file, so building Qwen2-0.5B holds one
 tensor (its 0.5 GiB embedding) in memory, not the whole fp32 model.
@@ -34,6 +36,7 @@ import json
 import math
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,30 +109,37 @@ def shared_checkpoint(path: str, dtype: torch.dtype) -> str:
     kinds = stored_dtypes(folder)
     if not kinds & CONVERTIBLE or not kinds <= set(DTYPES):  # nothing to convert, or unknown
         return path
-    source, dtype_name = str(folder.resolve()), str(dtype).removeprefix("torch.")
+    meta = {"source": str(folder.resolve()), "dtype": str(dtype).removeprefix("torch."),
+            "host": socket.gethostname()}
+    entry = materialize(_entry_name(folder, dtype),
+                        lambda out: convert_checkpoint(folder, out, dtype), meta=meta,
+                        hint=lambda: _full_disk_hint(folder))
+    return str(entry)
+
+
+def _full_disk_hint(folder: Path) -> str:
+    """The end of the error when the cache's disk will not take `folder`'s fp32 copy."""
     need = 2 * sum(shard.stat().st_size for shard in _shards(folder))  # fp32: ~2x the half
     size = next(f"{need / 2**k:.1f} {unit}" for k, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"),
                                                                (0, "bytes")) if need >= 2**k)
-    entry = materialize(_entry_name(folder, dtype),
-                         lambda out: convert_checkpoint(folder, out, dtype),
-                         meta={"source": source, "dtype": dtype_name},
-                         hint=f" (the fp32 copy of {folder} takes about {size}), or "
-                              "set HOMERL_SHARE_WEIGHTS=0 (each process then holds a private "
-                              "fp32 copy in RAM instead)")
-    return str(entry)
+    return (f" (the fp32 copy of {folder} takes about {size}), or set HOMERL_SHARE_WEIGHTS=0 "
+            "(each process then holds a private fp32 copy in RAM instead)")
 
 
 def prune_stale_conversions() -> list[str]:
     """Delete the conversions whose source checkpoint is gone, or has changed since (its
     conversion now has another name): without this, each deleted or re-saved half-precision
     checkpoint would leave its full fp32 copy in the cache for good (2 GiB for Qwen2-0.5B).
-    Entries from before the marker named their source are left alone. Returns their names."""
+    Left alone: entries from before the marker named their source, and those another machine
+    built (a cache shared over NFS while sources stay on each node's own disk: this machine
+    cannot see their source, and would delete a conversion in use there). Returns their names."""
     import torch
 
-    stale = []
+    stale, host = [], socket.gethostname()
     for path, marker in entries():
         source, dtype = marker.get("source"), getattr(torch, marker.get("dtype") or "", None)
-        if source is None or not isinstance(dtype, torch.dtype):
+        if source is None or not isinstance(dtype, torch.dtype) or marker.get("host",
+                                                                              host) != host:
             continue
         folder = Path(source)
         if not _shards(folder) or _entry_name(folder, dtype) != path.name:

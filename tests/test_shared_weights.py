@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -133,16 +134,23 @@ def test_a_deleted_or_resaved_checkpoints_conversion_goes_at_the_next_resolve(
         cache, tmp_path):
     """The cache keeps one conversion per live source: a checkpoint deleted, or re-saved (new
     mtimes: a new conversion), leaves no fp32 copy behind once any model is resolved for fp32
-    (an fp32 one too); another live source's conversion and an entry whose marker names no
-    source stay."""
-    keep, gone, edited = (save_half(tmp_path / n) for n in ("keep", "gone", "edited"))
+    (an fp32 one too); another live source's conversion, an entry whose marker names no source
+    and one another machine built (a cache shared over NFS) stay."""
+    keep, gone, edited, remote = (save_half(tmp_path / n)
+                                  for n in ("keep", "gone", "edited", "remote"))
     names = {n: Path(shared_checkpoint(str(p), torch.float32)).name
-             for n, p in (("keep", keep), ("gone", gone), ("edited", edited))}
+             for n, p in (("keep", keep), ("gone", gone), ("edited", edited), ("remote", remote))}
     legacy = cache / "legacy-entry"  # made before markers named their source
     legacy.mkdir()
     (legacy / ".homerl-complete").write_text(json.dumps({"format": 1, "name": legacy.name}))
     marker = json.loads((cache / names["gone"] / ".homerl-complete").read_text())
     assert marker["source"] == str(gone.resolve()) and marker["dtype"] == "float32"
+    assert marker["host"] == socket.gethostname()
+    # built by another machine sharing this cache (NFS), from a source on that machine's disk
+    remote_marker = cache / names["remote"] / ".homerl-complete"
+    remote_marker.write_text(json.dumps({**json.loads(remote_marker.read_text()),
+                                         "host": "another-node"}))
+    shutil.rmtree(remote)
 
     def left():
         return sorted(p.name for p in cache.iterdir() if not p.name.startswith("."))
@@ -150,12 +158,12 @@ def test_a_deleted_or_resaved_checkpoints_conversion_goes_at_the_next_resolve(
     shutil.rmtree(gone)
     fp32 = cache / names["keep"]  # an fp32 checkpoint: nothing to convert, still a resolve
     assert shared_checkpoint(str(fp32), torch.float32) == str(fp32)
-    assert left() == sorted([names["keep"], names["edited"], "legacy-entry"])
+    assert left() == sorted([names["keep"], names["edited"], names["remote"], "legacy-entry"])
     time.sleep(0.01)  # a later mtime for the re-saved shard
     save_half(edited, init_std=0.05)
     new = Path(shared_checkpoint(str(edited), torch.float32)).name
     assert new != names["edited"]
-    assert left() == sorted([names["keep"], new, "legacy-entry"])
+    assert left() == sorted([names["keep"], new, names["remote"], "legacy-entry"])
     assert not [p for p in cache.iterdir() if ".tmp-" in p.name]  # nothing half-deleted
 
 
@@ -171,7 +179,7 @@ def test_a_disk_that_refuses_a_cache_entry_is_one_line_and_leaves_no_half_entry(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with pytest.raises(CacheWriteError) as e:
-        materialize("entry", full, hint=", or see the docs")
+        materialize("entry", full, hint=lambda: ", or see the docs")
     assert str(e.value) == (f"the model cache {cache} could not take entry (No space left on "
                             "device); free space there, or set HOMERL_CACHE to a folder on a "
                             "disk with room, or see the docs")
