@@ -58,3 +58,30 @@ def test_machine_gpus_counts_device_nodes_when_the_torch_probe_fails_mocked(monk
     assert device.machine_gpus() == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
     assert device.machine_gpus() == 0
+
+
+def test_a_learner_that_cannot_start_is_one_line_and_leaves_no_actor(ray_cluster):
+    """The learner fails in its `__init__` (LoRA targets the model lacks) while its rollout
+    worker starts fine: start_roles must notice the learner too (the pool pings only its
+    workers), kill both and raise one line naming the learner's error."""
+    import ray
+
+    from common.device import plan_devices
+    from common.presets import get_preset
+    from launch.driver.placement import make_placement
+
+    cfg = get_preset("tiny")
+    cfg.lora.target_modules = "no_such_proj"
+    devices = plan_devices("cpu", 0, 1)
+    layout = make_placement(cfg, devices)
+    try:
+        with pytest.raises(roles.ActorStartError) as err:
+            roles.start_roles(cfg, devices, layout, "nolearner")
+    finally:
+        layout.remove()
+    msg = str(err.value)
+    assert msg.startswith("an actor could not start: ") and "no_such_proj" in msg
+    assert "\n" not in msg
+    for name in ("learner:nolearner", "rollout-0:nolearner"):  # killed: their names are free
+        with pytest.raises(ValueError):
+            ray.get_actor(name)

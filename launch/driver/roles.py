@@ -40,6 +40,7 @@ log = logging.getLogger("homerl.start")
 class ActorStartError(RuntimeError):
     """An actor that failed in its `__init__`; the message is the one line of its error."""
 
+
 LEARNER_METHODS = ("close", "consolidate", "export", "load", "nf4_state", "ping", "placement",
                    "ready", "save", "save_final", "train_on", "train_step")
 WORKER_METHODS = ("generate", "generate_split", "generate_steps", "ping", "set_weights",
@@ -110,14 +111,15 @@ def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runt
     learner's actor is the pool's one worker (launch/driver/one_copy.py). `fn_code`: the packed
     `by-value:` reward functions, handed to whichever actor scores rollouts."""
     one_copy = {"fn_code": fn_code} if cfg.rollout.one_copy and fn_code else {}
+    worker_cls = None if cfg.rollout.one_copy else rollout_worker_class(cfg)  # before any actor
     learner = ray.remote(OneCopy if cfg.rollout.one_copy else Learner).options(
         num_cpus=cfg.rollout.learner_threads, num_gpus=layout.learner_gpus,
         name=f"learner:{tag}", scheduling_strategy=layout.learner_strategy(),
         runtime_env=runtime_env).remote(cfg, **one_copy)
+    pool = None
     try:
         if cfg.rollout.one_copy:
             return learner, WorkerPool(cfg, None, layout, tag=tag, learner=learner)
-        worker_cls = rollout_worker_class(cfg)
         if devices.shared_card:
             ready = ray.get(learner.ready.remote(), timeout=START_TIMEOUT_S)
             log.info("the learner holds %.2f GiB of the card (%s); starting the rollout engine",
@@ -127,14 +129,11 @@ def start_roles(cfg: Config, devices: DevicePlan, layout: Layout, tag: str, runt
         # learner's model)
         nf4 = learner.nf4_state.remote() if cfg.lora.mode == "qlora" else None
         pool = WorkerPool(cfg, worker_cls, layout, tag=tag, nf4=nf4, fn_code=fn_code)
-        try:
-            ray.get(learner.ping.remote(), timeout=START_TIMEOUT_S)  # a learner that cannot load
-        except RayActorError:
-            kill_and_wait(pool.workers)
-            raise
+        ray.get(learner.ping.remote(), timeout=START_TIMEOUT_S)  # a learner that cannot load
         return learner, pool
     except RayActorError as e:
         # an actor's __init__ raised (a model it cannot read, a disk too full for the model
-        # cache): one line to the user, no actor left running (WorkerPool kills its own)
-        kill_and_wait([learner])
+        # cache): one line to the user, no actor left running (a WorkerPool that failed to
+        # start has killed its own)
+        kill_and_wait([learner, *(pool.workers if pool else [])])
         raise ActorStartError(f"an actor could not start: {error_line(e)}") from e
