@@ -65,7 +65,8 @@ def test_tiny_run_end_to_end(reference_run, steps, staleness, every):
         assert all(r["policy/logp_diff"] < 1e-3 for r in rows), [r["policy/logp_diff"]
                                                                    for r in rows]
     assert versions == [steps]  # the last push reached the worker
-    run_dir = Path(summary["final"]).parent
+    run_dir = reference_run(cfg)
+    assert Path(summary["final"]).parent == run_dir  # the final model is saved in the run
     for name in ("config.json", "summary.json", "curves.png", "samples.jsonl"):
         assert (run_dir / name).exists(), name
     model, tok = load_for_eval(summary["final"], dtype=__import__("torch").float32)
