@@ -23,6 +23,8 @@ import json
 import logging
 import sys
 
+import ray
+
 from common.config import Config, ConfigError
 from common.device import DeviceError
 from common.models import ModelNotFoundError
@@ -56,8 +58,7 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
         trainer = Trainer(cfg, run_dir, resume)
     except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError,
             ActorStartError) as e:
-        print(f"launch.train: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"launch.train: error: {e}", 2)
     try:
         summary = run_supervised(trainer)
     except RunStopped as e:
@@ -65,13 +66,21 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
         return 0
     except (WeightSyncError, LearnerLostError, CheckpointWriteError, CapacityLostError,
             ActorStartError) as e:  # stop, keep the run (a restart's actors may fail to start)
-        print(f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}",
-              file=sys.stderr)
-        return 1
+        return _fail(f"launch.train: error: {e}; checkpoints are kept: resume with --resume "
+                     f"{run_dir}", 1)
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")
     return 0
 
+
+def _fail(line: str, rc: int) -> int:
+    """Print the one-line error last. Ray forwards a failed actor's traceback to this console
+    a moment after the driver has seen the actor die; leaving the cluster first drops what has
+    not arrived, so the traceback cannot bury the line (the actor's log keeps it)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    print(line, file=sys.stderr)
+    return rc
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -139,6 +139,7 @@ def test_a_model_cache_too_full_for_the_fp32_copy_is_one_line_and_leaves_nothing
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = [line for line in proc.stderr.splitlines() if line.startswith("launch.train:")]
     assert len(err) == 1, proc.stderr[-3000:]
+    assert proc.stderr.rstrip().splitlines()[-1] == err[0]  # last, below Ray's actor traceback
     assert err[0].startswith(f"launch.train: error: an actor could not start: CacheWriteError: "
                              f"the model cache {small_disk / 'models'} could not take bf16-")
     assert "(No space left on device)" in err[0] and "HOMERL_SHARE_WEIGHTS=0" in err[0], err[0]
