@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -44,6 +45,8 @@ from common.model_cache import entries, materialize, remove
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 CONVERTIBLE = {"BF16", "F16"}
 """stored dtypes whose fp32 conversion is exact, and so worth one shared copy"""
@@ -143,9 +146,19 @@ def prune_stale_conversions() -> list[str]:
             continue
         folder = Path(source)
         if not _shards(folder) or _entry_name(folder, dtype) != path.name:
-            remove(path.name)
+            try:
+                remove(path.name)
+            except OSError as e:  # housekeeping: a cache this user cannot write fails no run
+                if path.name not in _KEPT:
+                    log.warning("left the stale model conversion %s in place: %s", path, e)
+                    _KEPT.add(path.name)
+                continue
             stale.append(path.name)
     return stale
+
+
+_KEPT: set[str] = set()
+"""stale conversions this process could not delete (each reported once)"""
 
 
 def convert_checkpoint(src: Path, out: Path, dtype: torch.dtype) -> None:

@@ -10,6 +10,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,40 @@ def test_a_model_cache_too_full_for_the_fp32_copy_is_one_line_and_leaves_nothing
     assert not run.exists()
     assert [p.name for p in (small_disk / "models").iterdir() if not p.name.endswith(".lock")
             ] == []
+
+
+def test_a_model_cache_gone_read_only_still_serves_and_prunes_later(small_disk, tmp_path,
+                                                                     monkeypatch):
+    """Pruning stale conversions is housekeeping: on a cache this process cannot write (a
+    shared cache, read-only to users) a stale entry stays and the live conversion is served;
+    once the cache is writable again the stale one goes."""
+    import torch
+
+    from common.shared_weights import shared_checkpoint
+    from common.tiny_model import build_tiny_qwen2
+
+    def save_bf16(folder):
+        model, tokenizer = build_tiny_qwen2(seed=3)
+        model.to(torch.bfloat16).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return folder
+
+    monkeypatch.setenv("HOMERL_CACHE", str(small_disk))
+    monkeypatch.setenv("HOMERL_SHARE_WEIGHTS", "1")
+    live, gone = save_bf16(tmp_path / "live"), save_bf16(tmp_path / "gone")
+    served = shared_checkpoint(str(live), torch.float32)
+    stale = Path(shared_checkpoint(str(gone), torch.float32)).name
+    shutil.rmtree(gone)
+    remount(small_disk, "ro")
+    try:
+        assert shared_checkpoint(str(live), torch.float32) == served
+    finally:
+        remount(small_disk, "rw")
+    models = small_disk / "models"
+    assert stale in [p.name for p in models.iterdir()]
+    assert shared_checkpoint(str(live), torch.float32) == served
+    assert sorted(p.name for p in models.iterdir() if not p.name.startswith(".")) == [
+        Path(served).name]
 
 
 def test_a_run_dir_holding_a_run_is_refused_unless_resumed(tmp_path):
