@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import threading
 
@@ -37,7 +36,7 @@ from common.task_config import FN_SPEC, VERIFIERS
 from homerl import data as run_data
 from homerl.config import GRPOConfig, to_config
 from launch.cli import RunRefused, claim_run, plan_run
-from launch.driver.supervise import run_supervised
+from launch.driver.supervise import run_supervised, stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.checkpoints import checkpoint_step, list_checkpoints
 from launch.rundir.ownership import is_run, remove_if_untouched
@@ -148,7 +147,7 @@ class GRPOTrainer:
         try:
             self._write_inputs(cfg, resume)
             self.trained = True
-            with _ray_session(), _stop_on_interrupt() as interrupted:
+            with _ray_session(), stop_on_interrupt("homerl") as interrupted:
                 started = True
                 return self._run(cfg, resume, interrupted)
         finally:
@@ -198,7 +197,7 @@ class GRPOTrainer:
         rows = read_jsonl(metrics_file)
         self._call("on_train_end", control)
         if stopped is not None and interrupted.is_set():
-            print(f"homerl: {stopped}: checkpoint saved; train() again continues the run",
+            print(f"homerl: {stopped} (Ctrl-C): checkpoint saved; train() again continues the run",
                   file=sys.stderr)
             raise KeyboardInterrupt
         return _output(rows, rows[before:], summary)
@@ -315,28 +314,4 @@ def _ray_session():
     finally:
         if ours and ray.is_initialized():
             ray.shutdown()
-
-
-@contextlib.contextmanager
-def _stop_on_interrupt():
-    """The first Ctrl-C sets the event (the run stops after its step, with a checkpoint); the
-    second raises KeyboardInterrupt at once. Only in the main thread (signals go there)."""
-    event = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield event
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):
-        if event.is_set():
-            raise KeyboardInterrupt
-        event.set()
-        print("\nhomerl: stopping after this step, with a checkpoint (Ctrl-C again: now, "
-              "without one)", file=sys.stderr)
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield event
-    finally:
-        signal.signal(signal.SIGINT, previous)
 

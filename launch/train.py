@@ -13,8 +13,9 @@ As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `ro
 
 This module is the entry point: it opens the run directory (launch/cli.py), runs the driver
 (launch/driver/trainer.py) under supervision (a dead learner is restored from its checkpoint)
-and turns every user error into one line and an exit status: 0 done or stopped on request,
-1 stopped with its checkpoints kept, 2 refused before training.
+and turns every user error into one line and an exit status: 0 done or stopped on request
+(RUN_DIR/STOP, or Ctrl-C: after the step in flight, with a checkpoint), 1 stopped with its
+checkpoints kept, 2 refused before training, 130 a second Ctrl-C (stopped at once).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from launch.driver.checkpointing import CheckpointWriteError
 from launch.driver.placement import CapacityLostError
 from launch.driver.pool import WeightSyncError
 from launch.driver.roles import ActorStartError
-from launch.driver.supervise import LearnerLostError, run_supervised
+from launch.driver.supervise import LearnerLostError, run_supervised, stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.ownership import remove_if_untouched
 from tasks import DatasetError
@@ -49,8 +50,8 @@ def main(argv=None) -> int:
         return rc
     finally:
         lock.release()
-        if rc == 2 and lock.created:  # refused before training: leave no directory behind
-            remove_if_untouched(run_dir)
+        if rc in (2, 130) and lock.created:  # refused or interrupted before training: leave
+            remove_if_untouched(run_dir)          # no directory behind (one that trained stays)
 
 
 def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
@@ -59,11 +60,18 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
     except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError,
             ActorStartError) as e:
         return _fail(f"launch.train: error: {e}", 2)
+    except KeyboardInterrupt:  # Ctrl-C while the actors start (leaving Ray ends them)
+        return _fail("launch.train: interrupted before the first step", 130)
     try:
-        summary = run_supervised(trainer)
+        with stop_on_interrupt("launch.train") as interrupted:
+            summary = run_supervised(trainer, on_step=lambda k, row: interrupted.is_set())
     except RunStopped as e:
-        print(f"launch.train: {e}; resume with --resume {run_dir}")
+        why = "Ctrl-C" if interrupted.is_set() else "RUN_DIR/STOP"
+        print(f"launch.train: stopped at step {e.step} ({why}); resume with --resume {run_dir}")
         return 0
+    except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of this step
+        return _fail(f"launch.train: interrupted; resume with --resume {run_dir} (from its last "
+                     "checkpoint)", 130)
     except (WeightSyncError, LearnerLostError, CheckpointWriteError, CapacityLostError,
             ActorStartError) as e:  # stop, keep the run (a restart's actors may fail to start)
         return _fail(f"launch.train: error: {e}; checkpoints are kept: resume with --resume "

@@ -179,30 +179,47 @@ def test_overlong_rules_shape_the_train_batch(rule):
     np.testing.assert_allclose(plan.advantages, want, rtol=1e-5)
 
 
-def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file(tmp_path):
+def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file_and_stops_on_ctrl_c(
+        tmp_path):
     """`ray start` (and ray.cluster_utils.Cluster) leave <RAY_TMPDIR>/ray/ray_current_cluster,
     which a plain ray.init() joins: launch.train without RAY_ADDRESS must start its own cluster
     all the same (it asks for num_cpus, which Ray refuses when joining, and the file may be
-    stale: here it names a port nothing listens on)."""
+    stale: here it names a port nothing listens on). Then a terminal's Ctrl-C (SIGINT to the
+    whole process group, the local cluster's processes included) stops the run after its step
+    with a checkpoint, exit 0 and how to resume (one run for both: each costs a cluster)."""
     import os
     import shutil
+    import signal
     import subprocess
     import sys
     import tempfile
+    import time
     from pathlib import Path
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: socket paths are capped
+    run, rows = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
     try:
         (ray_tmp / "ray").mkdir()
         (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
-        proc = subprocess.run([sys.executable, "-m", "launch.train", "--preset", "tiny",
-                               "--steps", "1", "--run-dir", str(tmp_path / "run")],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": str(ray_tmp)})
+        proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--preset", "tiny",
+                                 "--steps", "1000", "--run-dir", str(run)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True,
+                                env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": str(ray_tmp)})
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                rows.exists() and rows.read_text().count("\n") >= 1):
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=120)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["step"] for r in read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))] == [0]
+    assert proc.returncode == 0, err[-3000:]
+    assert "launch.train: stopping after this step, with a checkpoint" in err
+    steps = [r["step"] for r in read_jsonl(str(rows))]
+    assert 1 <= len(steps) < 1000 and steps == list(range(len(steps)))
+    assert f"launch.train: stopped at step {len(steps)} (Ctrl-C); resume with --resume {run}" in out
+    assert (run / f"ckpt-{len(steps):06d}").is_dir() and not (run / "final").exists()
 
 
 def test_drain_finishes_the_rollouts_in_flight_for_their_own_steps(ray_cluster, tmp_path):

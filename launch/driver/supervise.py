@@ -6,11 +6,18 @@ A dead learner (SIGKILL, out of memory, its node lost) shows as a failed call in
 loop; `Trainer.learner_alive` then confirms it. The run's actors are replaced by a Trainer
 resumed from the run directory, exactly as `launch.train --resume` would, so the steps after
 the checkpoint are redone and `metrics.jsonl` keeps one row per step.
+
+    with stop_on_interrupt("launch.train") as interrupted:   # Ctrl-C: stop after this step
+        run_supervised(trainer, on_step=lambda k, row: interrupted.is_set())
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import sys
+import threading
 
 log = logging.getLogger("homerl.train")
 
@@ -46,3 +53,31 @@ def run_supervised(trainer, **run_kwargs) -> dict:
                                         worker_restarts=trainer.pool.restarts)
     finally:
         trainer.shutdown()
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(prog: str):
+    """The first Ctrl-C sets the event it yields (pass `on_step=lambda k, row: event.is_set()`:
+    the run stops after its step, with a checkpoint, raising RunStopped); the second raises
+    KeyboardInterrupt at once, keeping the last checkpoint. A terminal's Ctrl-C reaches the
+    local cluster's processes too (one process group); Ray's daemons and actors ignore it, so
+    they finish that step. Only in the main thread (signals go there); elsewhere the event is
+    never set."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+        print(f"\n{prog}: stopping after this step, with a checkpoint (Ctrl-C again: now, "
+              "without one)", file=sys.stderr)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)

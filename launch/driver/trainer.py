@@ -55,10 +55,11 @@ log = logging.getLogger("homerl.train")
 
 
 class RunStopped(Exception):
-    """RUN_DIR/STOP asked the run to stop; it checkpointed the step it stopped at."""
+    """RUN_DIR/STOP (or the caller's `on_step`) asked the run to stop; it checkpointed the step
+    it stopped at."""
 
     def __init__(self, step: int):
-        super().__init__(f"stopped at step {step} (RUN_DIR/STOP)")
+        super().__init__(f"stopped at step {step}")
         self.step = step
 
 
