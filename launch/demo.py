@@ -3,6 +3,7 @@
     python -m launch.demo                       # cpu-demo preset on 2 cores (README: timings)
     python -m launch.demo --preset tiny --steps 4 --run.eval_n 8
     python -m launch.demo --verbose             # library and actor logs here, not in demo.log
+    python -m launch.demo --resume runs/<run>   # a demo stopped by Ctrl-C goes on from there
 
 Both evaluations run on the run's own rollout worker with its engine (vLLM's CPU wheel in
 cpu-demo): the base model before the first step, the trained policy after the last
@@ -16,6 +17,10 @@ by any rule the lenient parser accepts; `strict` also needs the asked `Answer: N
 `format` is the share of completions in that format; pass@1 and pass@8 come from 8 samples at
 temperature 1 for the first `PASS_N` questions of each split. Three completions per split,
 before and after, are printed, picked at random (the same questions for both), not the best.
+
+Ctrl-C stops the training after its step, with a checkpoint; the base model's scores are kept in
+RUN_DIR/demo-before.json, so `--resume RUN_DIR` (`make demo ARGS="--resume RUN_DIR"`) trains the
+remaining steps and scores the trained policy against them.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import time
 from common.models import resolve_model
 from launch.cli import open_run
 from launch.console import QuietConsole
-from launch.driver.trainer import Trainer
+from launch.driver.supervise import stop_on_interrupt
+from launch.driver.trainer import RunStopped, Trainer
 from launch.evaluate.on_workers import evaluate_on_pool
 from tasks.file_task import FileOptions
 from tasks.registry import make_task
@@ -147,43 +153,98 @@ def add_flags(parser) -> None:
                              "they go to RUN_DIR/demo.log)")
 
 
+BEFORE = "demo-before.json"
+"""the base model's scores, written before training: what a resumed demo compares with"""
+
+
+def resumable(run_dir: str, resume: bool) -> str | None:
+    """Why `launch.demo --resume run_dir` cannot go on (None: it can)."""
+    if not resume:
+        return None
+    if os.path.exists(os.path.join(run_dir, "demo.json")):
+        return f"--resume {run_dir}: this demo has finished (its results: demo.json)"
+    if not os.path.exists(os.path.join(run_dir, BEFORE)):
+        return (f"--resume {run_dir}: it holds no base-model scores ({BEFORE}): not a demo, or "
+                "one stopped before training; continue a run with python -m launch.train "
+                "--resume, or start a new demo")
+    return None
+
+
 def main(argv=None) -> int:
     t0 = time.perf_counter()
-    # the run directory is opened as launch.train opens it: a new or empty one, locked for
-    # this driver, its start in the config history (one line and exit 2 otherwise)
-    cfg, run_dir, _, lock, args = open_run(argv, prog="launch.demo", extra=add_flags,
-                                           resumable=False)
+    # the run directory is opened as launch.train opens it: a new or empty one (or a stopped
+    # demo's, with --resume), locked for this driver, in the config history (one line and exit
+    # 2 otherwise)
+    cfg, run_dir, resume, lock, args = open_run(argv, prog="launch.demo", extra=add_flags,
+                                                check=resumable)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:
-            return demo(cfg, run_dir, console, t0)
+            scored = demo(cfg, run_dir, console, resume)
+            if scored is not None:
+                report(cfg, run_dir, console.say, *scored, wall_s=time.perf_counter() - t0,
+                       resumed=resume)
+            return 0
+    except KeyboardInterrupt:  # a second Ctrl-C, or one while scoring
+        how = (f"go on with: make demo ARGS=\"--resume {run_dir}\"" if resumable(run_dir, True)
+               is None else "start a new demo")
+        print(f"launch.demo: interrupted; {how}", file=sys.stderr)
+        return 130
     finally:
         lock.release()
 
 
-def demo(cfg, run_dir: str, console: QuietConsole, t0: float) -> int:
+def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
+    """Score the base model (or read its scores, resuming), train, score the trained policy:
+    (before, after, the run's summary, this session's training seconds), or None when Ctrl-C
+    stopped the training (its checkpoint and the base scores stay for --resume)."""
     say, engine = console.say, engine_name(cfg)
     say(f"[1/4] model {cfg.model.name}: {resolve_model(cfg.model.name)}")
     if not console.verbose:
         say(f"      library and actor logs: {console.log_path} (--verbose shows them here)")
     sets = demo_sets(cfg)
     sizes = ", ".join(f"{n} {name}" for name, n in ((k, len(v)) for k, v in sets.items()))
-    say(f"[2/4] starting the run (Ray, learner, rollout worker) and scoring the base model on "
-        f"held-out problems ({sizes}) with {engine}")
-    trainer = Trainer(cfg, run_dir)
+    if resume:
+        say(f"[2/4] resuming the run from its last checkpoint (Ray, learner, rollout worker); "
+            f"the base model's scores from {BEFORE}")
+    else:
+        say(f"[2/4] starting the run (Ray, learner, rollout worker) and scoring the base model "
+            f"on held-out problems ({sizes}) with {engine}")
+    trainer = Trainer(cfg, run_dir, resume)
     try:
-        before = evaluate_sets(trainer.pool, sets, cfg, "base", console.stream)
-        say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps -> {run_dir}")
+        if resume:
+            with open(os.path.join(run_dir, BEFORE)) as f:
+                before = json.load(f)
+        else:
+            before = evaluate_sets(trainer.pool, sets, cfg, "base", console.stream)
+            with open(os.path.join(run_dir, BEFORE), "w") as f:
+                json.dump(before, f, indent=2)
+        since = f" (from step {trainer.start})" if resume else ""
+        say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps{since} -> {run_dir}")
         t_train = time.perf_counter()
-        summary = trainer.run(progress=console.stream)
+        with stop_on_interrupt("launch.demo", say) as interrupted:  # the console, not the log
+            summary = trainer.run(progress=console.stream,
+                                  on_step=lambda k, row: interrupted.is_set())
         train_s = time.perf_counter() - t_train
         say(f"[4/4] scoring the trained policy with {engine}")
         after = evaluate_sets(trainer.pool, sets, cfg, "trained", console.stream)
+    except RunStopped as e:
+        why = "Ctrl-C" if interrupted.is_set() else "RUN_DIR/STOP"
+        say(f"launch.demo: {e} ({why}); go on with: make demo ARGS=\"--resume {run_dir}\" "
+            f"(or python -m launch.demo --resume {run_dir})")
+        return None
     finally:
         trainer.shutdown()
+    return before, after, summary, train_s
+
+
+def report(cfg, run_dir: str, say, before: dict, after: dict, summary: dict, train_s: float,
+           wall_s: float, resumed: bool = False) -> None:
+    """demo.json, then the tables, the notes and the examples on the console."""
+    engine = engine_name(cfg)
     result = {"before": before, "after": after, "train": summary, "train_wall_s": train_s,
-              "engine": engine, "wall_s": time.perf_counter() - t0}
+              "engine": engine, "wall_s": wall_s}
     with open(os.path.join(run_dir, "demo.json"), "w") as f:
         json.dump(result, f, indent=2)
     title = (f"held-out {cfg.curriculum.task}-{cfg.curriculum.level}"
@@ -195,14 +256,13 @@ def demo(cfg, run_dir: str, console: QuietConsole, t0: float) -> int:
     for line in warnings_for(before, after):
         say(line)
     say(f"scored by {engine}, greedy and sampled, on the run's rollout worker")
-    say(f"\ntraining: {summary['steps']} steps in {train_s / 60:.1f} min (median "
-        f"{summary['s_per_step_median']:.1f} s/step); demo wall time "
-        f"{result['wall_s'] / 60:.1f} min")
+    took = (f"({train_s / 60:.1f} min of them since the resume)" if resumed
+            else f"in {train_s / 60:.1f} min")
+    say(f"\ntraining: {summary['steps']} steps {took} (median {summary['s_per_step_median']:.1f} "
+        f"s/step); demo wall time {wall_s / 60:.1f} min")
     say(f"run directory: {run_dir}  (metrics.jsonl, samples.jsonl, curves.png, final/, "
         "demo.json, demo.log)\n")
     say(examples(before, after))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -142,24 +142,50 @@ def test_seen_and_unseen_sets_with_samples(tmp_path):
         assert res["n"] == 3 and res["samples"] == 2 and 0 <= res["pass@1"] <= res["pass@2"]
 
 
-def test_demo_runs_end_to_end_on_the_tiny_preset(tmp_path, ray_cluster, capfd):
+def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_path, ray_cluster,
+                                                                        capfd):
     """Both evaluations on the run's rollout worker; the console holds the demo's lines and the
-    table, the actors' logs do not reach it."""
+    table, the actors' logs do not reach it. Stopped during training (RUN_DIR/STOP, as Ctrl-C
+    stops it), the demo keeps its checkpoint and the base scores; --resume trains the steps
+    left and compares with those scores."""
+    import threading
+    import time
+
     from launch.demo import main as demo
 
+    run = tmp_path / "run"
+
+    def stop_after_the_first_row():
+        rows = run / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (rows.exists() and rows.read_text()):
+            time.sleep(0.02)
+        (run / "STOP").touch()
+
     capfd.readouterr()
-    assert demo(["--preset", "tiny", "--steps", "2", "--run.eval_n", "3",
-                 "--run-dir", str(tmp_path / "run")]) == 0
+    stopper = threading.Thread(target=stop_after_the_first_row, daemon=True)
+    stopper.start()
+    assert demo(["--preset", "tiny", "--steps", "12", "--run.eval_n", "3",
+                 "--run-dir", str(run)]) == 0
+    stopper.join()
+    text = "".join(capfd.readouterr())
+    assert f'(RUN_DIR/STOP); go on with: make demo ARGS="--resume {run}"' in text
+    assert not (run / "demo.json").exists()
+    before = json.loads((run / "demo-before.json").read_text())
+    assert demo(["--resume", str(run)]) == 0
     captured = capfd.readouterr()
     text = captured.out + captured.err
+    assert "resuming the run from its last checkpoint" in text and "base seen" not in text
     assert "seen (n=3)" in text and "unseen (n=3)" in text and "pass@8" in text
     assert text.count("[seen] Q:") == 3 and text.count("[unseen] Q:") == 3
     assert "scored by transformers generate" in text and "demo.log" in text
     assert "pid=" not in text  # Ray's forwarded actor lines: "(Learner pid=...)"
-    result = json.loads((tmp_path / "run" / "demo.json").read_text())
-    assert set(result["before"]) == {"seen", "unseen"} and result["train"]["steps"] == 2
+    result = json.loads((run / "demo.json").read_text())
+    assert result["before"] == before and result["train"]["steps"] == 12
     assert result["before"]["seen"]["samples"] == 8 and result["engine"] == "transformers generate"
-    assert (tmp_path / "run" / "demo.log").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(12))  # each step once across the stop
+    assert (run / "demo.log").exists()
 
 
 def test_quiet_console_keeps_library_output_in_the_log(tmp_path, capfd):

@@ -368,7 +368,8 @@ def _demo_refused(capsys, argv) -> str:
 def test_the_demo_opens_its_run_dir_as_launch_train_does(tmp_path, capsys):
     """launch.demo --run-dir gets launch.train's protections before anything is written: no
     directory that is not a run, no trained run (its final/ and checkpoints stay), no run a
-    live driver holds, no --resume; a new directory is marked, locked and in the history."""
+    live driver holds, no --resume but of a stopped demo; a new directory is marked, locked and
+    in the history."""
     from launch.rundir.ownership import lock_run
 
     model = tmp_path / "model"
@@ -391,8 +392,11 @@ def test_the_demo_opens_its_run_dir_as_launch_train_does(tmp_path, capsys):
             capsys, ["--preset", "tiny", "--run-dir", str(busy)])
     finally:
         held.release()
-    assert "starts a run from its first step" in _demo_refused(
-        capsys, ["--resume", str(trained)])
+    assert "holds no base-model scores (demo-before.json)" in _demo_refused(
+        capsys, ["--resume", str(trained)])  # a run, but not a demo's
+    (trained / "demo-before.json").write_text("{}")
+    (trained / "demo.json").write_text("{}")
+    assert "this demo has finished" in _demo_refused(capsys, ["--resume", str(trained)])
 
 
 def test_the_lock_and_the_history_never_follow_a_planted_symlink(tmp_path, capsys):

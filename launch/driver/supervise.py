@@ -56,13 +56,13 @@ def run_supervised(trainer, **run_kwargs) -> dict:
 
 
 @contextlib.contextmanager
-def stop_on_interrupt(prog: str):
+def stop_on_interrupt(prog: str, say=None):
     """The first Ctrl-C sets the event it yields (pass `on_step=lambda k, row: event.is_set()`:
     the run stops after its step, with a checkpoint, raising RunStopped); the second raises
     KeyboardInterrupt at once, keeping the last checkpoint. A terminal's Ctrl-C reaches the
     local cluster's processes too (one process group); Ray's daemons and actors ignore it, so
     they finish that step. Only in the main thread (signals go there); elsewhere the event is
-    never set."""
+    never set. `say(line)` tells the user (default: stderr)."""
     event = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield event
@@ -73,8 +73,12 @@ def stop_on_interrupt(prog: str):
         if event.is_set():
             raise KeyboardInterrupt
         event.set()
-        print(f"\n{prog}: stopping after this step, with a checkpoint (Ctrl-C again: now, "
-              "without one)", file=sys.stderr)
+        line = (f"\n{prog}: stopping after this step, with a checkpoint (Ctrl-C again: now, "
+                "without one)")
+        try:
+            (say or (lambda text: print(text, file=sys.stderr)))(line)
+        except RuntimeError:  # the stream was mid-write (a reentrant call): stop all the same
+            pass
 
     signal.signal(signal.SIGINT, handler)
     try:
