@@ -114,6 +114,9 @@ def main(argv=None) -> int:
     except (ModelNotFoundError, DatasetError, ValueError, IsolationError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: nothing to keep, no traceback
+        print("launch.evaluate: interrupted", file=sys.stderr)
+        return 130
     if len(results) == 1 and len(sets) == 1:
         (name, res), = results[0]["sets"].items()
         result = {"model": results[0]["model"], "set": name, **res}
