@@ -197,7 +197,7 @@ class GRPOTrainer:
         rows = read_jsonl(metrics_file)
         self._call("on_train_end", control)
         if stopped is not None and interrupted.is_set():
-            print(f"homerl: {stopped} (Ctrl-C): checkpoint saved; train() again continues the run",
+            print(f"homerl: {stopped}: checkpoint saved; train() again continues the run",
                   file=sys.stderr)
             raise KeyboardInterrupt
         return _output(rows, rows[before:], summary)
@@ -206,16 +206,18 @@ class GRPOTrainer:
         return max(1, int(self.args.logging_steps or 1))
 
     def _on_step(self, k: int, row: dict, control: TrainerControl,
-                 interrupted: threading.Event) -> bool:
-        """After step k: the callbacks (on_step_end, on_log every logging_steps); True stops
-        the run there (Ctrl-C, or a callback's control.should_training_stop)."""
+                 interrupted: threading.Event) -> str | None:
+        """After step k: the callbacks (on_step_end, on_log every logging_steps); a reason
+        stops the run there (Ctrl-C, or a callback's control.should_training_stop)."""
         self.state.global_step = k + 1
         self._call("on_step_end", control)
         if (k + 1) % self._every() == 0 or k + 1 == self.state.max_steps:
             logs = {key: v for key, v in row.items() if isinstance(v, (int, float))}
             self.state.log_history.append({**logs, "step": k + 1})
             self._call("on_log", control, logs=logs)
-        return interrupted.is_set() or control.should_training_stop
+        if interrupted.is_set():
+            return "Ctrl-C"
+        return "control.should_training_stop" if control.should_training_stop else None
 
     def _call(self, event: str, control: TrainerControl, **kwargs) -> None:
         for callback in self.callbacks:

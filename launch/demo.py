@@ -224,14 +224,12 @@ def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
         say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps{since} -> {run_dir}")
         t_train = time.perf_counter()
         with stop_on_interrupt("launch.demo", say) as interrupted:  # the console, not the log
-            summary = trainer.run(progress=console.stream,
-                                  on_step=lambda k, row: interrupted.is_set())
+            summary = trainer.run(progress=console.stream, on_step=interrupted.on_step)
         train_s = time.perf_counter() - t_train
         say(f"[4/4] scoring the trained policy with {engine}")
         after = evaluate_sets(trainer.pool, sets, cfg, "trained", console.stream)
     except RunStopped as e:
-        why = "Ctrl-C" if interrupted.is_set() else "RUN_DIR/STOP"
-        say(f"launch.demo: {e} ({why}); go on with: make demo ARGS=\"--resume {run_dir}\" "
+        say(f"launch.demo: {e}; go on with: make demo ARGS=\"--resume {run_dir}\" "
             f"(or python -m launch.demo --resume {run_dir})")
         return None
     finally:

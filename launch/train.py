@@ -44,9 +44,17 @@ from tasks import DatasetError
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg, run_dir, resume, lock, _ = open_run(argv)  # one line and exit 2 on a user error
+    joined = not ray.is_initialized()  # a caller's own cluster (main() in-process) is kept
     rc = 1
     try:
-        rc = _drive(cfg, run_dir, resume)
+        rc, error = _drive(cfg, run_dir, resume)
+        if error:
+            # Ray forwards a failed actor's traceback to this console a moment after the
+            # driver has seen the actor die; leaving the cluster first drops what has not
+            # arrived, so it cannot bury the line (the actor's log keeps it)
+            if joined and ray.is_initialized():
+                ray.shutdown()
+            print(error, file=sys.stderr)
         return rc
     finally:
         lock.release()
@@ -54,41 +62,31 @@ def main(argv=None) -> int:
             remove_if_untouched(run_dir)          # no directory behind (one that trained stays)
 
 
-def _drive(cfg: Config, run_dir: str, resume: bool) -> int:
+def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:
+    """(exit status, the one-line error or None)."""
     try:
         trainer = Trainer(cfg, run_dir, resume)
     except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError,
             ActorStartError) as e:
-        return _fail(f"launch.train: error: {e}", 2)
+        return 2, f"launch.train: error: {e}"
     except KeyboardInterrupt:  # Ctrl-C while the actors start (leaving Ray ends them)
-        return _fail("launch.train: interrupted before the first step", 130)
+        return 130, "launch.train: interrupted before the first step"
     try:
         with stop_on_interrupt("launch.train") as interrupted:
-            summary = run_supervised(trainer, on_step=lambda k, row: interrupted.is_set())
+            summary = run_supervised(trainer, on_step=interrupted.on_step)
     except RunStopped as e:
-        why = "Ctrl-C" if interrupted.is_set() else "RUN_DIR/STOP"
-        print(f"launch.train: stopped at step {e.step} ({why}); resume with --resume {run_dir}")
-        return 0
+        print(f"launch.train: {e}; resume with --resume {run_dir}")
+        return 0, None
     except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of this step
-        return _fail(f"launch.train: interrupted; resume with --resume {run_dir} (from its last "
-                     "checkpoint)", 130)
+        return 130, (f"launch.train: interrupted; resume with --resume {run_dir} (from its "
+                     "last checkpoint)")
     except (WeightSyncError, LearnerLostError, CheckpointWriteError, CapacityLostError,
             ActorStartError) as e:  # stop, keep the run (a restart's actors may fail to start)
-        return _fail(f"launch.train: error: {e}; checkpoints are kept: resume with --resume "
-                     f"{run_dir}", 1)
+        return 1, f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}"
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")
-    return 0
+    return 0, None
 
-
-def _fail(line: str, rc: int) -> int:
-    """Print the one-line error last. Ray forwards a failed actor's traceback to this console
-    a moment after the driver has seen the actor die; leaving the cluster first drops what has
-    not arrived, so the traceback cannot bury the line (the actor's log keeps it)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    print(line, file=sys.stderr)
-    return rc
 
 if __name__ == "__main__":
     sys.exit(main())

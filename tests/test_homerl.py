@@ -223,8 +223,10 @@ print("GLOBAL_STEP", out.global_step, "LOGGED", len(trainer.state.log_history))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "INTERRUPTED" in proc.stdout and "GLOBAL_STEP 3" in proc.stdout, proc.stdout
     assert "stopping after this step" in proc.stderr
+    # the signal is handled inside the callback of step 1, so the run stops right after it
+    assert "homerl: stopped at step 1 (Ctrl-C): checkpoint saved" in proc.stderr, proc.stderr
     run = tmp_path / "chat"
-    assert (run / "ckpt-000002").is_dir()  # the stop at step 2 checkpointed it
+    assert (run / "ckpt-000002").is_dir()  # the end of the run is a checkpoint
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # nothing redone, nothing lost
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]

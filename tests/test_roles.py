@@ -60,28 +60,28 @@ def test_machine_gpus_counts_device_nodes_when_the_torch_probe_fails_mocked(monk
     assert device.machine_gpus() == 0
 
 
-def test_a_learner_that_cannot_start_is_one_line_and_leaves_no_actor(ray_cluster):
+def test_a_learner_that_cannot_start_is_one_line_and_leaves_no_actor(ray_cluster, tmp_path,
+                                                                    capsys):
     """The learner fails in its `__init__` (LoRA targets the model lacks) while its rollout
     worker starts fine: start_roles must notice the learner too (the pool pings only its
-    workers), kill both and raise one line naming the learner's error."""
+    workers) and kill both; launch.train, called in-process on the caller's own cluster (as
+    `ray.init()` then homerl would be), says one line, frees the cores it reserved and keeps
+    that cluster running."""
     import ray
+    from ray.util import placement_group_table
 
-    from common.device import plan_devices
-    from common.presets import get_preset
-    from launch.driver.placement import make_placement
+    from launch.train import main
 
-    cfg = get_preset("tiny")
-    cfg.lora.target_modules = "no_such_proj"
-    devices = plan_devices("cpu", 0, 1)
-    layout = make_placement(cfg, devices)
-    try:
-        with pytest.raises(roles.ActorStartError) as err:
-            roles.start_roles(cfg, devices, layout, "nolearner")
-    finally:
-        layout.remove()
-    msg = str(err.value)
-    assert msg.startswith("an actor could not start: ") and "no_such_proj" in msg
-    assert "\n" not in msg
+    capsys.readouterr()
+    assert main(["--preset", "tiny", "--lora.target_modules", "no_such_proj",
+                 "--run-dir", str(tmp_path / "nolearner")]) == 2
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    assert len(ours) == 1 and ours[-1].startswith("launch.train: error: an actor could not "
+                                                  "start: ") and "no_such_proj" in ours[0], err
+    assert ray.is_initialized()  # the caller's cluster is not main()'s to shut down
     for name in ("learner:nolearner", "rollout-0:nolearner"):  # killed: their names are free
         with pytest.raises(ValueError):
             ray.get_actor(name)
+    assert all(pg["state"] == "REMOVED" for pg in placement_group_table().values())
+    assert not (tmp_path / "nolearner").exists()  # refused before training: no run directory

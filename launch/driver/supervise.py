@@ -8,7 +8,7 @@ resumed from the run directory, exactly as `launch.train --resume` would, so the
 the checkpoint are redone and `metrics.jsonl` keeps one row per step.
 
     with stop_on_interrupt("launch.train") as interrupted:   # Ctrl-C: stop after this step
-        run_supervised(trainer, on_step=lambda k, row: interrupted.is_set())
+        run_supervised(trainer, on_step=interrupted.on_step)
 """
 
 from __future__ import annotations
@@ -55,15 +55,23 @@ def run_supervised(trainer, **run_kwargs) -> dict:
         trainer.shutdown()
 
 
+class Interrupted(threading.Event):
+    """Set by the first Ctrl-C (`stop_on_interrupt`)."""
+
+    def on_step(self, k: int, row: dict) -> str | None:
+        """Trainer.run's hook: after a Ctrl-C, stop after this step, saying why."""
+        return "Ctrl-C" if self.is_set() else None
+
+
 @contextlib.contextmanager
 def stop_on_interrupt(prog: str, say=None):
-    """The first Ctrl-C sets the event it yields (pass `on_step=lambda k, row: event.is_set()`:
-    the run stops after its step, with a checkpoint, raising RunStopped); the second raises
+    """The first Ctrl-C sets the event it yields (pass `on_step=event.on_step`: the run
+    stops after its step, with a checkpoint, raising RunStopped); the second raises
     KeyboardInterrupt at once, keeping the last checkpoint. A terminal's Ctrl-C reaches the
     local cluster's processes too (one process group); Ray's daemons and actors ignore it, so
     they finish that step. Only in the main thread (signals go there); elsewhere the event is
     never set. `say(line)` tells the user (default: stderr)."""
-    event = threading.Event()
+    event = Interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield event
         return

@@ -56,11 +56,11 @@ log = logging.getLogger("homerl.train")
 
 class RunStopped(Exception):
     """RUN_DIR/STOP (or the caller's `on_step`) asked the run to stop; it checkpointed the step
-    it stopped at."""
+    it stopped at. `why`: what asked ("RUN_DIR/STOP", or the reason `on_step` gave)."""
 
-    def __init__(self, step: int):
-        super().__init__(f"stopped at step {step}")
-        self.step = step
+    def __init__(self, step: int, why: str = "RUN_DIR/STOP"):
+        super().__init__(f"stopped at step {step} ({why})")
+        self.step, self.why = step, why
 
 
 class Trainer:
@@ -89,6 +89,16 @@ class Trainer:
         # restored after a learner death (maybe a lost node): wait for room, saying so
         self.layout = make_placement(cfg, self.devices, wait_s=(
             cfg.run.wait_for_capacity_s if learner_restarts else 0.0))
+        self.learner = self.pool = self.writer = None
+        try:
+            self._start(ckpt, resume, worker_restarts)
+        except BaseException:  # a caller's own cluster (ray.init, then homerl) goes on running:
+            self.shutdown()    # leave it no actor and no reserved cores
+            raise
+
+    def _start(self, ckpt: str | None, resume: bool, worker_restarts: int) -> None:
+        """The actors, the initial weights, the restored state and the metrics writer."""
+        cfg, run_dir = self.cfg, self.run_dir
         self.dash = DashboardMetrics(self.tag)  # Ray dashboard / Prometheus: homerl_* per step
         cpu_tcmalloc = cfg.run.learner_tcmalloc and not self.layout.learner_gpus
         # a shared card: the learner holds its model before the engine starts (driver/roles.py)
@@ -199,8 +209,9 @@ class Trainer:
 
     def run(self, progress=None, on_step=None) -> dict:
         """Train steps start..run.steps and finish; returns the summary. `on_step(k, row)`
-        after each step: True stops the run there as RUN_DIR/STOP does (a checkpoint, then
-        RunStopped). `progress`: the bar's stream (False: no bar)."""
+        after each step: a reason (e.g. "Ctrl-C") stops the run there as RUN_DIR/STOP does (a
+        checkpoint, then RunStopped carrying it); None goes on. `progress`: the bar's stream
+        (False: no bar)."""
         cfg, t_start = self.cfg, time.perf_counter()
         bar = tqdm(range(self.start, cfg.run.steps), desc="train", unit="step",
                    initial=self.start, total=cfg.run.steps, disable=progress is False,
@@ -209,13 +220,13 @@ class Trainer:
             row = self.step(k)
             bar.set_postfix(reward=f"{row[M.REWARD_MEAN]:.2f}", acc=f"{row[M.REWARD_CORRECT]:.2f}",
                             s_step=f"{row[M.STEP_S]:.1f}")
-            stop = bool(on_step(k, row)) if on_step is not None else False
-            if k + 1 < cfg.run.steps and (stop or run_files.stop_requested(self.run_dir)):
+            why = on_step(k, row) if on_step is not None else None
+            if k + 1 < cfg.run.steps and (why or run_files.stop_requested(self.run_dir)):
                 bar.close()
-                self.stop(k + 1)
+                self.stop(k + 1, why or "RUN_DIR/STOP")
         return self.finish(time.perf_counter() - t_start)
 
-    def stop(self, step: int) -> None:
+    def stop(self, step: int, why: str = "RUN_DIR/STOP") -> None:
         """RUN_DIR/STOP: checkpoint `step` (unless the step loop just did) and raise RunStopped,
         so `--resume` redoes nothing. The file is removed when the run starts again."""
         every = self.cfg.run.checkpoint_every
@@ -223,7 +234,7 @@ class Trainer:
             self._fill(step)  # as a scheduled checkpoint: the next rollouts are launched first
             self.checkpoint(step)
         self.writer.close()
-        raise RunStopped(step)
+        raise RunStopped(step, why)
 
     def step(self, k: int) -> dict:
         """Launch what staleness allows (pushing the newest weights first) -> rollout k ->
@@ -355,8 +366,12 @@ class Trainer:
             return False
 
     def shutdown(self) -> None:
-        self.pool.shutdown()
-        close_and_kill([self.learner])  # the learner removes its core-sharing flag file
+        """End the run's actors and free its placement group (also after a failed start)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.learner is not None:
+            close_and_kill([self.learner])  # the learner removes its core-sharing flag file
         remove_flag(lease_key())  # a dead learner's, if it ran on this node
         self.layout.remove()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
