@@ -25,6 +25,7 @@ remaining steps and scores the trained policy against them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -32,12 +33,16 @@ import os
 import sys
 import time
 
+import ray
+
 from common.models import resolve_model
 from launch.cli import open_run
 from launch.console import QuietConsole
+from launch.driver.errors import REFUSED, STOPPED
 from launch.driver.supervise import stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
 from launch.evaluate.on_workers import evaluate_on_pool
+from launch.rundir.ownership import remove_if_untouched, trained_files
 from tasks.file_task import FileOptions
 from tasks.registry import make_task
 
@@ -153,6 +158,9 @@ def add_flags(parser) -> None:
                              "they go to RUN_DIR/demo.log)")
 
 
+LOG = "demo.log"
+"""the libraries' and actors' lines (the console keeps the demo's own; --verbose: both)"""
+
 BEFORE = "demo-before.json"
 """the base model's scores, written before training: what a resumed demo compares with"""
 
@@ -179,20 +187,38 @@ def main(argv=None) -> int:
                                                 check=resumable)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    joined, log_path = not ray.is_initialized(), os.path.join(run_dir, LOG)
+    go_on = f"go on with: make demo ARGS=\"--resume {run_dir}\""
+    rc = 1
     try:
-        with QuietConsole(os.path.join(run_dir, "demo.log"), args.verbose) as console:
-            scored = demo(cfg, run_dir, console, resume)
+        with QuietConsole(log_path, args.verbose) as console:
+            try:
+                scored = demo(cfg, run_dir, console, resume)
+            except BaseException:
+                if joined and ray.is_initialized():  # what the actors still send goes to
+                    ray.shutdown()                    # the log, not below the error line
+                raise
             if scored is not None:
                 report(cfg, run_dir, console.say, *scored, wall_s=time.perf_counter() - t0,
                        resumed=resume)
-            return 0
-    except KeyboardInterrupt:  # a second Ctrl-C, or one while scoring
-        how = (f"go on with: make demo ARGS=\"--resume {run_dir}\"" if resumable(run_dir, True)
-               is None else "start a new demo")
+        rc = 0
+    except (*REFUSED, *STOPPED) as e:
+        trained = bool(trained_files(run_dir))
+        rc, line = (1, f"; its checkpoints are kept ({log_path} has the details): {go_on}"
+                    ) if trained else (2, "")
+        print(f"launch.demo: error: {e}{line}", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one while starting or scoring
+        rc = 130
+        how = go_on if resumable(run_dir, True) is None else "start a new demo"
         print(f"launch.demo: interrupted; {how}", file=sys.stderr)
-        return 130
     finally:
         lock.release()
+        if rc in (2, 130) and lock.created and resumable(run_dir, True) is not None \
+                and not trained_files(run_dir):
+            with contextlib.suppress(FileNotFoundError):  # nothing to keep: no directory
+                os.remove(log_path)
+            remove_if_untouched(run_dir)
+    return rc
 
 
 def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):

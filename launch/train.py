@@ -26,19 +26,12 @@ import sys
 
 import ray
 
-from common.config import Config, ConfigError
-from common.device import DeviceError
-from common.models import ModelNotFoundError
-from common.state_io import CheckpointError
+from common.config import Config
 from launch.cli import open_run
-from launch.driver.checkpointing import CheckpointWriteError
-from launch.driver.placement import CapacityLostError
-from launch.driver.pool import WeightSyncError
-from launch.driver.roles import ActorStartError
-from launch.driver.supervise import LearnerLostError, run_supervised, stop_on_interrupt
+from launch.driver.errors import REFUSED, STOPPED
+from launch.driver.supervise import run_supervised, stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
-from launch.rundir.ownership import remove_if_untouched
-from tasks import DatasetError
+from launch.rundir.ownership import remove_if_untouched, trained_files
 
 
 def main(argv=None) -> int:
@@ -66,8 +59,7 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:
     """(exit status, the one-line error or None)."""
     try:
         trainer = Trainer(cfg, run_dir, resume)
-    except (ConfigError, ModelNotFoundError, DatasetError, CheckpointError, DeviceError,
-            ActorStartError) as e:
+    except REFUSED as e:
         return 2, f"launch.train: error: {e}"
     except KeyboardInterrupt:  # Ctrl-C while the actors start (leaving Ray ends them)
         return 130, "launch.train: interrupted before the first step"
@@ -80,8 +72,9 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:
     except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of this step
         return 130, (f"launch.train: interrupted; resume with --resume {run_dir} (from its "
                      "last checkpoint)")
-    except (WeightSyncError, LearnerLostError, CheckpointWriteError, CapacityLostError,
-            ActorStartError) as e:  # stop, keep the run (a restart's actors may fail to start)
+    except STOPPED as e:  # stop, keep the run
+        if not trained_files(run_dir):
+            return 1, f"launch.train: error: {e}; no step was trained"
         return 1, f"launch.train: error: {e}; checkpoints are kept: resume with --resume {run_dir}"
     print(json.dumps(summary, indent=2))
     print(f"run directory: {run_dir}")

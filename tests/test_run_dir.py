@@ -416,3 +416,25 @@ def test_the_lock_and_the_history_never_follow_a_planted_symlink(tmp_path, capsy
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "is a symbolic link" in err, err
         assert victim.read_text() == "precious\n"
+
+
+def test_a_demo_refused_before_training_is_one_line_and_leaves_no_directory(tmp_path, capsys,
+                                                                             monkeypatch):
+    """A dataset the demo cannot use fails in its first seconds: one line (no traceback),
+    exit 2, and the new run directory (its demo.log included) is gone, as launch.train leaves
+    none."""
+    from launch import demo
+    from launch.driver import trainer
+
+    monkeypatch.setattr(trainer, "connect", lambda cfg: pytest.fail("an actor would start"))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("question,answer\n,1\n,2\n,3\n")
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert demo.main(["--preset", "tiny", "--curriculum.task", "file", "--curriculum.data_path",
+                      str(bad), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("launch.demo")]
+    assert len(ours) == 1 and ours[0].startswith("launch.demo: error: ") and \
+        "missing prompt" in ours[0] and "Traceback" not in err, err
+    assert not run.exists()

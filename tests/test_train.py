@@ -262,3 +262,18 @@ def test_a_cpu_learner_runs_with_tcmalloc_when_it_is_installed(ray_cluster, tmp_
         assert trainer.run()["steps"] == 2
     finally:
         trainer.shutdown()
+
+
+def test_a_step_that_refuses_every_prompt_is_one_line(ray_cluster, tmp_path, capsys):
+    """Prompts all longer than rollout.max_prompt_tokens (a user's dataset at the default 256)
+    surface at the first step, on the worker: one line naming the setting, exit 1, not a
+    traceback."""
+    from launch.train import main
+
+    capsys.readouterr()
+    assert main(["--preset", "tiny", "--rollout.max_prompt_tokens", "8",
+                 "--run-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    assert ours == ["launch.train: error: step 0: every prompt was refused (prompt_too_long); "
+                    "check rollout.max_prompt_tokens and the data; no step was trained"], err
