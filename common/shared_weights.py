@@ -141,8 +141,8 @@ def prune_stale_conversions() -> list[str]:
     stale, host = [], socket.gethostname()
     for path, marker in entries():
         source, dtype = marker.get("source"), getattr(torch, marker.get("dtype") or "", None)
-        if source is None or not isinstance(dtype, torch.dtype) or marker.get("host",
-                                                                              host) != host:
+        built_here = marker.get("host", host) == host  # markers before hosts: this machine's
+        if source is None or not isinstance(dtype, torch.dtype) or not built_here:
             continue
         folder = Path(source)
         if not _shards(folder) or _entry_name(folder, dtype) != path.name:

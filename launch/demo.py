@@ -39,7 +39,7 @@ from common.models import resolve_model
 from launch.cli import open_run
 from launch.console import QuietConsole
 from launch.driver.errors import REFUSED, STOPPED
-from launch.driver.supervise import stop_on_interrupt
+from launch.driver.supervise import stop_on_interrupt, train_supervised
 from launch.driver.trainer import RunStopped, Trainer
 from launch.evaluate.on_workers import evaluate_on_pool
 from launch.rundir.ownership import remove_if_untouched, trained_files
@@ -250,7 +250,9 @@ def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
         say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps{since} -> {run_dir}")
         t_train = time.perf_counter()
         with stop_on_interrupt("launch.demo", say) as interrupted:  # the console, not the log
-            summary = trainer.run(progress=console.stream, on_step=interrupted.on_step)
+            # a learner that dies is restored from its checkpoint, as in launch.train
+            summary, trainer = train_supervised(trainer, progress=console.stream,
+                                                on_step=interrupted.on_step)
         train_s = time.perf_counter() - t_train
         say(f"[4/4] scoring the trained policy with {engine}")
         after = evaluate_sets(trainer.pool, sets, cfg, "trained", console.stream)

@@ -146,15 +146,26 @@ def test_seen_and_unseen_sets_with_samples(tmp_path):
 
 
 def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_path, ray_cluster,
-                                                                        capfd):
+                                                                        capfd, monkeypatch):
     """Both evaluations on the run's rollout worker; the console holds the demo's lines and the
     table, the actors' logs do not reach it. Stopped during training (RUN_DIR/STOP, as Ctrl-C
     stops it), the demo keeps its checkpoint and the base scores; --resume trains the steps
-    left and compares with those scores."""
+    left and compares with those scores. A learner killed in the resumed part is restored from
+    its checkpoint, as in launch.train, and the demo scores the restored run's policy."""
+    import os
+    import signal
     import threading
     import time
 
+    import launch.demo
     from launch.demo import main as demo
+    from launch.driver.trainer import Trainer
+
+    class KillsTheLearnerOnce(Trainer):
+        def step(self, k):
+            if k == 5 and self.learner_restarts == 0:
+                os.kill(ray.get(self.learner.placement.remote())["pid"], signal.SIGKILL)
+            return super().step(k)
 
     run = tmp_path / "run"
 
@@ -175,6 +186,7 @@ def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_pa
     assert f'(RUN_DIR/STOP); go on with: make demo ARGS="--resume {run}"' in text
     assert not (run / "demo.json").exists()
     before = json.loads((run / "demo-before.json").read_text())
+    monkeypatch.setattr(launch.demo, "Trainer", KillsTheLearnerOnce)
     assert demo(["--resume", str(run)]) == 0
     captured = capfd.readouterr()
     text = captured.out + captured.err
@@ -188,6 +200,7 @@ def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_pa
     assert result["before"]["seen"]["samples"] == 8 and result["engine"] == "transformers generate"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(12))  # each step once across the stop
+    assert result["train"]["learner_restarts"] == 1 and rows[-1]["faults/learner_restarts"] == 1
     assert (run / "demo.log").exists()
 
 

@@ -26,33 +26,42 @@ class LearnerLostError(RuntimeError):
     """The learner died more often than run.max_learner_restarts allows."""
 
 
-def run_supervised(trainer, **run_kwargs) -> dict:
+def train_supervised(trainer, **run_kwargs):
     """`trainer.run()`, surviving the learner's death: the run's actors are replaced and it
     goes on from its last checkpoint (weights, optimizer, RNG, curriculum, the rollouts already
     made for later steps), so steps after that checkpoint are redone and metrics.jsonl keeps
-    one row per step. Shuts down whichever trainer is current when it returns or raises.
-    `run_kwargs` go to every `trainer.run` (its progress stream, its `on_step` hook)."""
+    one row per step. Returns (the summary, the trainer that finished: the one given, or the
+    one restored after a learner death) with its actors up, for the caller to use (the demo
+    scores the trained policy on its worker) and shut down; raises with every trainer shut
+    down. `run_kwargs` go to every `trainer.run` (its progress stream, its `on_step` hook)."""
     limit = trainer.cfg.run.max_learner_restarts
-    try:
-        while True:
+    while True:
+        try:
+            return trainer.run(**run_kwargs), trainer
+        except BaseException as err:
             try:
-                return trainer.run(**run_kwargs)
-            except Exception as err:
-                if trainer.learner_alive():
-                    raise
-                restarts = trainer.learner_restarts + 1
-                if restarts > limit:
-                    raise LearnerLostError(
-                        f"the learner died {restarts} times (run.max_learner_restarts={limit})"
-                    ) from err
-                log.warning("the learner died (%s); restoring the last checkpoint (restart %d "
-                            "of at most %d)", type(err).__name__, restarts, limit)
+                lost = isinstance(err, Exception) and not trainer.learner_alive()
+            finally:
                 trainer.shutdown()
-                trainer = type(trainer)(trainer.cfg, trainer.run_dir, resume=True,
-                                        learner_restarts=restarts,
-                                        worker_restarts=trainer.pool.restarts)
-    finally:
-        trainer.shutdown()
+            if not lost:
+                raise
+            restarts = trainer.learner_restarts + 1
+            if restarts > limit:
+                raise LearnerLostError(
+                    f"the learner died {restarts} times (run.max_learner_restarts={limit})"
+                ) from err
+            log.warning("the learner died (%s); restoring the last checkpoint (restart %d "
+                        "of at most %d)", type(err).__name__, restarts, limit)
+            trainer = type(trainer)(trainer.cfg, trainer.run_dir, resume=True,
+                                    learner_restarts=restarts,
+                                    worker_restarts=trainer.pool.restarts)
+
+
+def run_supervised(trainer, **run_kwargs) -> dict:
+    """`train_supervised`, then shut down whichever trainer finished; returns the summary."""
+    summary, trainer = train_supervised(trainer, **run_kwargs)
+    trainer.shutdown()
+    return summary
 
 
 class Interrupted(threading.Event):

@@ -90,6 +90,7 @@ class Trainer:
         self.layout = make_placement(cfg, self.devices, wait_s=(
             cfg.run.wait_for_capacity_s if learner_restarts else 0.0))
         self.learner = self.pool = self.writer = None
+        self.closed = False  # shutdown() has run (it runs once)
         try:
             self._start(ckpt, resume, worker_restarts)
         except BaseException:  # a caller's own cluster (ray.init, then homerl) goes on running:
@@ -366,7 +367,11 @@ class Trainer:
             return False
 
     def shutdown(self) -> None:
-        """End the run's actors and free its placement group (also after a failed start)."""
+        """End the run's actors and free its placement group (also after a failed start);
+        a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self.pool is not None:
             self.pool.shutdown()
         if self.learner is not None:
