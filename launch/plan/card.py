@@ -341,7 +341,7 @@ def report(cfg: Config, gpu_gb: float, shapes: Shapes | None = None,
               "working-set model; none measured on a card yet (docs/gpu.md)", ""]
     lines += _table(cfg, gpu_gb, rows)
     worst = max(phase, key=phase.get)
-    lines.append(f"  {'peak':<86} {peak:6.2f} GiB of {gpu_gb:g}: "
+    lines.append(f"  {'peak':<86} {peak:6.2f} GiB of {gpu_gb:g} GiB: "
                  + ("fits" if fits else "does not fit") + f" ({gpu_gb - peak:+.2f} GiB, the "
                  f"{worst} phase)")
     if not fits:

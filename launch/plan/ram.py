@@ -302,7 +302,7 @@ def report(cfg: Config, ram_gb: float, shapes: Shapes | None = None,
     lines += ["  " + "-" * 76]
     lines += [f"  {p:<67} {v / GiB:6.2f} GiB" for p, v in procs.items()]
     lines.append(f"  {'peak total (PSS, Ray daemons not included)':<67} {total:6.2f} GiB of "
-                 f"{ram_gb:g}: " + ("fits" if total <= ram_gb else "does not fit"))
+                 f"{ram_gb:.1f} GiB: " + ("fits" if total <= ram_gb else "does not fit"))
     return "\n".join(lines), total <= ram_gb, total
 
 
