@@ -157,7 +157,7 @@ def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
 
     assert main(["--preset", "cpu-14core", "--cores", "14", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out
-    assert "runs on the CPU" in out and "rollout-5" in out and "of 16: fits" in out
+    assert "runs on the CPU" in out and "rollout-5" in out and "of 16.0 GiB: fits" in out
     assert "CUDA" not in out and "card" not in out.split("no card is used", 1)[1]
     assert main(["--preset", "cpu-14core", "--cores", "14", "--ram-gb", "3"]) == 1  # RAM decides
     assert "does not fit: cpu-14core on 14 cores" in capsys.readouterr().out
@@ -165,8 +165,8 @@ def test_a_cpu_preset_gets_its_ram_plan_and_a_gpu_preset_both_plans(capsys):
     assert main(["--preset", "gpu-8gb", "--gpu-memory-gb", "8", "--ram-gb", "16"]) == 0
     out = capsys.readouterr().out
     host, card = out.split("the card:", 1)
-    assert "rollout (generating)" in card and "of 8: fits" in card
-    assert "rollout-0" not in host and "of 16: fits" in host  # no engine process
+    assert "rollout (generating)" in card and "of 8 GiB: fits" in card
+    assert "rollout-0" not in host and "of 16.0 GiB: fits" in host  # no engine process
 
 
 def test_the_hf_engine_plans_a_prefill_of_every_prompt_of_a_call():
