@@ -25,7 +25,6 @@ remaining steps and scores the trained policy against them.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
 import logging
@@ -213,11 +212,8 @@ def main(argv=None) -> int:
         print(f"launch.demo: interrupted; {how}", file=sys.stderr)
     finally:
         lock.release()
-        if rc in (2, 130) and lock.created and resumable(run_dir, True) is not None \
-                and not trained_files(run_dir):
-            with contextlib.suppress(FileNotFoundError):  # nothing to keep: no directory
-                os.remove(log_path)
-            remove_if_untouched(run_dir)
+        if rc in (2, 130) and lock.created:  # refused or interrupted before it kept anything
+            remove_if_untouched(run_dir, also=frozenset({LOG}))  # (base scores, a checkpoint)
     return rc
 
 

@@ -438,3 +438,19 @@ def test_a_demo_refused_before_training_is_one_line_and_leaves_no_directory(tmp_
     assert len(ours) == 1 and ours[0].startswith("launch.demo: error: ") and \
         "missing prompt" in ours[0] and "Traceback" not in err, err
     assert not run.exists()
+
+
+def test_an_untouched_run_goes_with_its_log_and_a_touched_one_keeps_it(tmp_path):
+    """remove_if_untouched(also=...): the entry point's log goes with an otherwise untouched
+    directory; a directory holding anything else stays whole, that log included."""
+    from launch.rundir.ownership import HISTORY, remove_if_untouched
+
+    for extra in ([], ["config.json"]):
+        run = tmp_path / f"run{len(extra)}"
+        run.mkdir()
+        for name in (HISTORY, "demo.log", *extra):
+            (run / name).write_text("x")
+        remove_if_untouched(str(run))  # the log is not the module's own: kept
+        assert (run / "demo.log").exists()
+        remove_if_untouched(str(run), also=frozenset({"demo.log"}))
+        assert run.exists() == bool(extra) and (not extra or (run / "demo.log").exists())

@@ -139,11 +139,12 @@ def lock_run(run_dir: str) -> RunLock:
     return RunLock(fd, path)
 
 
-def remove_if_untouched(run_dir: str) -> None:
-    """Remove `run_dir` when it holds only this module's files: a new run refused before it
-    wrote anything (a config the machine cannot hold) leaves no directory behind."""
+def remove_if_untouched(run_dir: str, also: frozenset[str] = frozenset()) -> None:
+    """Remove `run_dir` when it holds only this module's files and `also` (the entry point's
+    own log, say): a new run refused before it wrote anything (a config the machine cannot
+    hold) leaves no directory behind; one that holds anything else keeps all of it."""
     names = set(os.listdir(run_dir)) if os.path.isdir(run_dir) else {""}
-    if names <= OWN_FILES:
+    if names <= OWN_FILES | also:
         for name in names:
             os.remove(os.path.join(run_dir, name))
         os.rmdir(run_dir)
