@@ -11,16 +11,16 @@
 `Trainer` under `run_supervised`): the run directory (`output_dir`) holds the config, the data
 (`homerl/data.py`), the reward functions passed by value (`rewards/byvalue.py`), checkpoints,
 metrics and final/, so `python -m launch.train --resume DIR` and the web app see the same run.
-It joins the Ray cluster `ray.init` already connected to (or RAY_ADDRESS), else starts a local
-one and shuts it down when it returns. Ctrl-C (a notebook's interrupt) stops after the step
-in flight, with a checkpoint, and raises KeyboardInterrupt; a second Ctrl-C stops at once,
-keeping the last checkpoint. A second `train()` continues the same run: after a stop it
-resumes; after a finished run it trains `max_steps` more.
+It joins the Ray cluster `ray.init` already connected to (kept when it returns), else the one
+RAY_ADDRESS names or a local one it starts, and leaves that when it returns. Ctrl-C (a
+notebook's interrupt) stops after the step in flight, with a checkpoint, and raises
+KeyboardInterrupt; a second Ctrl-C stops at once, keeping the last checkpoint. A second
+`train()` continues the same run: after a stop it resumes; after a finished run it trains
+`max_steps` more.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -36,6 +36,7 @@ from common.task_config import FN_SPEC, VERIFIERS
 from homerl import data as run_data
 from homerl.config import GRPOConfig, to_config
 from launch.cli import RunRefused, claim_run, plan_run
+from launch.driver.placement import RayConnection
 from launch.driver.supervise import run_supervised, stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.checkpoints import checkpoint_step, list_checkpoints
@@ -147,7 +148,7 @@ class GRPOTrainer:
         try:
             self._write_inputs(cfg, resume)
             self.trained = True
-            with _ray_session(), stop_on_interrupt("homerl") as interrupted:
+            with RayConnection(), stop_on_interrupt("homerl") as interrupted:
                 started = True
                 return self._run(cfg, resume, interrupted)
         finally:
@@ -302,18 +303,3 @@ def _output(rows: list[dict], new: list[dict], summary: dict | None) -> TrainOut
         metrics |= {k: v for k, v in summary.items() if isinstance(v, (int, float))}
     step = rows[-1][M.STEP] + 1 if rows else 0
     return TrainOutput(step, metrics["train_loss"], metrics)
-
-
-@contextlib.contextmanager
-def _ray_session():
-    """The connected Ray cluster (`ray.init` or RAY_ADDRESS), else one this train() starts
-    (the driver's `connect`) and shuts down when it ends."""
-    import ray
-
-    ours = not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
-    try:
-        yield
-    finally:
-        if ours and ray.is_initialized():
-            ray.shutdown()
-

@@ -32,12 +32,11 @@ import os
 import sys
 import time
 
-import ray
-
 from common.models import resolve_model
 from launch.cli import open_run
 from launch.console import QuietConsole
 from launch.driver.errors import REFUSED, STOPPED
+from launch.driver.placement import RayConnection
 from launch.driver.supervise import stop_on_interrupt, train_supervised
 from launch.driver.trainer import RunStopped, Trainer
 from launch.evaluate.on_workers import evaluate_on_pool
@@ -186,7 +185,7 @@ def main(argv=None) -> int:
                                                 check=resumable)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    joined, log_path = not ray.is_initialized(), os.path.join(run_dir, LOG)
+    conn, log_path = RayConnection(), os.path.join(run_dir, LOG)
     go_on = f"go on with: make demo ARGS=\"--resume {run_dir}\""
     rc = 1
     try:
@@ -194,9 +193,8 @@ def main(argv=None) -> int:
             try:
                 scored = demo(cfg, run_dir, console, resume)
             except BaseException:
-                if joined and ray.is_initialized():  # what the actors still send goes to
-                    ray.shutdown()                    # the log, not below the error line
-                raise
+                conn.leave()  # what the actors still send goes to the log, not below the
+                raise         # error line
             if scored is not None:
                 report(cfg, run_dir, console.say, *scored, wall_s=time.perf_counter() - t0,
                        resumed=resume)

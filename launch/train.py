@@ -24,11 +24,10 @@ import json
 import logging
 import sys
 
-import ray
-
 from common.config import Config
 from launch.cli import open_run
 from launch.driver.errors import REFUSED, STOPPED
+from launch.driver.placement import RayConnection
 from launch.driver.supervise import run_supervised, stop_on_interrupt
 from launch.driver.trainer import RunStopped, Trainer
 from launch.rundir.ownership import remove_if_untouched, trained_files
@@ -37,22 +36,22 @@ from launch.rundir.ownership import remove_if_untouched, trained_files
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg, run_dir, resume, lock, _ = open_run(argv)  # one line and exit 2 on a user error
-    joined = not ray.is_initialized()  # a caller's own cluster (main() in-process) is kept
     rc = 1
-    try:
-        rc, error = _drive(cfg, run_dir, resume)
-        if error:
-            # Ray forwards a failed actor's traceback to this console a moment after the
-            # driver has seen the actor die; leaving the cluster first drops what has not
-            # arrived, so it cannot bury the line (the actor's log keeps it)
-            if joined and ray.is_initialized():
-                ray.shutdown()
-            print(error, file=sys.stderr)
-        return rc
-    finally:
-        lock.release()
-        if rc in (2, 130) and lock.created:  # refused or interrupted before training: leave
-            remove_if_untouched(run_dir)          # no directory behind (one that trained stays)
+    # a caller's own cluster (main() called in-process after ray.init) is kept
+    with RayConnection() as conn:
+        try:
+            rc, error = _drive(cfg, run_dir, resume)
+            if error:
+                # Ray forwards a failed actor's traceback to this console a moment after the
+                # driver has seen the actor die; leaving the cluster first drops what has not
+                # arrived, so it cannot bury the line (the actor's log keeps it)
+                conn.leave()
+                print(error, file=sys.stderr)
+            return rc
+        finally:
+            lock.release()
+            if rc in (2, 130) and lock.created:  # refused or interrupted before training:
+                remove_if_untouched(run_dir)      # no directory behind (one that trained stays)
 
 
 def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:

@@ -63,6 +63,14 @@ def start_shared_cluster() -> None:
         ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
 
 
+def own_lines(err: str, prog: str) -> list[str]:
+    """The lines of `err` (a program's stderr) that program printed itself ("launch.train: ..."):
+    Ray forwards its actors' output (progress bars, tracebacks) to the same stream, and the
+    shared cluster of a pytest process forwards an earlier test's actors into whatever test is
+    capturing at the time."""
+    return [line for line in err.splitlines() if line.startswith(f"{prog}:")]
+
+
 @pytest.fixture
 def ray_cluster():
     """The shared local cluster (see the module docstring)."""

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import own_lines
 from test_faults import run_to_end, tiny
 
 from launch.driver.trainer import Trainer
@@ -138,7 +139,7 @@ def test_a_model_cache_too_full_for_the_fp32_copy_is_one_line_and_leaves_nothing
                           env={**os.environ, "RAY_ADDRESS": "", "HOMERL_CACHE": str(small_disk),
                                "HOMERL_SHARE_WEIGHTS": "1"})
     assert proc.returncode == 2, proc.stderr[-3000:]
-    err = [line for line in proc.stderr.splitlines() if line.startswith("launch.train:")]
+    err = own_lines(proc.stderr, "launch.train")
     assert len(err) == 1, proc.stderr[-3000:]
     assert proc.stderr.rstrip().splitlines()[-1] == err[0]  # last, below Ray's actor traceback
     assert err[0].startswith(f"launch.train: error: an actor could not start: CacheWriteError: "

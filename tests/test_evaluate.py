@@ -5,6 +5,7 @@ import json
 import pytest
 import ray
 import torch
+from conftest import own_lines
 
 from actors.eval_worker import load_for_eval
 from launch.evaluate.__main__ import main
@@ -129,9 +130,7 @@ def test_broken_user_file_is_a_one_line_error_naming_the_line(tmp_path, capsys, 
     capsys.readouterr()
     assert main(["--model", MODEL, "--data", path]) == 2
     err = capsys.readouterr().err
-    # only launch.evaluate's own lines: a Ray cluster an earlier test left in this process
-    # may forward its actors' output into the capture at any time
-    ours = [line for line in err.splitlines() if line.startswith("launch.evaluate")]
+    ours = own_lines(err, "launch.evaluate")
     assert len(ours) == 1 and want in ours[0] and "Traceback" not in err, err
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import pytest
 import ray
+from conftest import own_lines
 
 from actors.hf_worker import HFRolloutWorker
 from actors.weights import WeightVersionError
@@ -219,7 +220,7 @@ def test_damaged_or_old_checkpoint_is_a_one_line_error(reference_run, tmp_path, 
     proc = subprocess.run([sys.executable, "-m", "launch.train", "--resume", str(tmp_path),
                            "--steps", "3"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "RAY_ADDRESS": ""})
-    err = [line for line in proc.stderr.splitlines() if line.startswith("launch.train:")]
+    err = own_lines(proc.stderr, "launch.train")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(err) == 1 and want in err[0] and str(ckpt) in err[0], err
     assert "Traceback" not in proc.stderr

@@ -6,6 +6,7 @@ import json
 import warnings
 
 import pytest
+from conftest import own_lines
 
 from tasks import DatasetError
 from tasks.file_task import FileOptions, FileTask, prompt_key
@@ -248,9 +249,7 @@ def test_a_bad_file_fails_launch_train_in_one_line_before_any_actor(tmp_path, ca
     assert main(["--preset", "tiny", "--curriculum.task", "file", "--curriculum.data_path", bad,
                  "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    # only launch.train's own lines: a Ray cluster an earlier test left in this process may
-    # forward its actors' output (progress bars) into the capture at any time
-    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    ours = own_lines(err, "launch.train")
     assert len(ours) == 1 and "Traceback" not in err and \
         "row 1: field 'question': missing prompt" in ours[0], err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -4,6 +4,7 @@ launch.evaluate (the loading, mapping and splitting of the files: tests/test_fil
 import json
 
 import pytest
+from conftest import own_lines
 
 from common.config import ConfigError
 from common.presets import get_preset
@@ -119,8 +120,5 @@ def test_evaluate_file_task_errors_are_one_line(tmp_path, capsys):
     assert main(["--model", "tiny-random-llama", "--task", "file", "--data", path,
                  "--prompt-field", "nope", "--workers", "0"]) == 2
     assert main(["--model", "tiny-random-llama", "--task", "file", "--workers", "0"]) == 2
-    # only launch.evaluate's own lines: a Ray cluster an earlier test left in this process
-    # may forward its actors' output into the capture at any time
-    err = [line for line in capsys.readouterr().err.splitlines()
-           if line.startswith("launch.evaluate")]
+    err = own_lines(capsys.readouterr().err, "launch.evaluate")
     assert len(err) == 2 and "no column 'nope'" in err[0] and "--data" in err[1], err

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import own_lines
 
 from common.config import RewardConfig
 from common.types import RolloutSummary
@@ -358,9 +359,7 @@ def test_a_bad_spec_is_one_line_before_any_actor(mymod, monkeypatch, capsys, spe
     assert train.main(["--preset", "tiny", "--reward.fn", f"numeric,{spec}",
                        "--run-dir", str(mymod / "run")]) == 2
     err = capsys.readouterr().err
-    # only launch.train's own lines: a Ray cluster an earlier test left in this process may
-    # forward its actors' output into the capture at any time
-    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    ours = own_lines(err, "launch.train")
     assert len(ours) == 1 and ours[0].startswith(f"launch.train: error: {want}"), err
     assert "Traceback" not in err and not (mymod / "run" / "metrics.jsonl").exists()
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import own_lines
 
 from launch.driver import roles
 
@@ -80,7 +81,7 @@ def test_a_learner_that_cannot_start_is_one_line_and_leaves_no_actor(ray_cluster
     assert main(["--preset", "tiny", "--lora.target_modules", "no_such_proj",
                  "--run-dir", str(tmp_path / "nolearner")]) == 2
     err = capsys.readouterr().err
-    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    ours = own_lines(err, "launch.train")
     assert len(ours) == 1 and ours[-1].startswith("launch.train: error: an actor could not "
                                                   "start: ") and "no_such_proj" in ours[0], err
     assert ray.is_initialized()  # the caller's cluster is not main()'s to shut down

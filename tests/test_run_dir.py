@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import own_lines
 
 from common.presets import get_preset
 from common.state_io import save_state
@@ -434,7 +435,7 @@ def test_a_demo_refused_before_training_is_one_line_and_leaves_no_directory(tmp_
     assert demo.main(["--preset", "tiny", "--curriculum.task", "file", "--curriculum.data_path",
                       str(bad), "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err
-    ours = [line for line in err.splitlines() if line.startswith("launch.demo")]
+    ours = own_lines(err, "launch.demo")
     assert len(ours) == 1 and ours[0].startswith("launch.demo: error: ") and \
         "missing prompt" in ours[0] and "Traceback" not in err, err
     assert not run.exists()

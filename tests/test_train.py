@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import own_lines
 
 from actors.eval_worker import load_for_eval
 from common.presets import get_preset
@@ -274,6 +275,6 @@ def test_a_step_that_refuses_every_prompt_is_one_line(ray_cluster, tmp_path, cap
     assert main(["--preset", "tiny", "--rollout.max_prompt_tokens", "8",
                  "--run-dir", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
-    ours = [line for line in err.splitlines() if line.startswith("launch.train:")]
+    ours = own_lines(err, "launch.train")
     assert ours == ["launch.train: error: step 0: every prompt was refused (prompt_too_long); "
                     "check rollout.max_prompt_tokens and the data; no step was trained"], err

@@ -18,23 +18,25 @@ from common.types import RolloutSummary
 from launch.app.model_tabs import eval_sets, run_eval, try_model, verdict
 from launch.app.runs import (
     FORM_FLAGS,
-    SAMPLE_COLUMNS,
     FormError,
     _last_line,
     check_form,
     checkpoints,
-    curve_figure,
-    curve_series,
-    dashboard_url,
     form_config,
     kill_run,
-    latest_samples,
     list_runs,
     resume_run,
     run_status,
     start_run,
     stop_run,
     train_argv,
+)
+from launch.app.views import (
+    SAMPLE_COLUMNS,
+    curve_figure,
+    curve_series,
+    dashboard_url,
+    latest_samples,
 )
 from launch.rundir.checkpoints import list_checkpoints
 from launch.rundir.writer import RunWriter, read_jsonl, stop_requested

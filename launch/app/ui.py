@@ -32,20 +32,22 @@ from launch.app.model_tabs import run_eval, try_model  # noqa: E402
 from launch.app.policy import AUTH_ENV, Policy, PolicyError, is_loopback, read_auth  # noqa: E402
 from launch.app.runs import (  # noqa: E402
     FORM_FLAGS,
-    SAMPLE_COLUMNS,
     FormError,
     check_run,
     checkpoints,
-    curve_figure,
-    dashboard_url,
-    latest_samples,
     list_runs,
     resume_run,
     run_status,
     start_run,
     stop_run,
-)  # noqa: E402
+)
 from launch.app.uploads import accept_upload, dataset_choices  # noqa: E402
+from launch.app.views import (  # noqa: E402
+    SAMPLE_COLUMNS,
+    curve_figure,
+    dashboard_url,
+    latest_samples,
+)
 from launch.evaluate.sets import SET_NAMES  # noqa: E402
 
 REFRESH_S = 3.0

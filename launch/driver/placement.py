@@ -167,6 +167,30 @@ def start_local_cluster(num_cpus: int) -> None:
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
 
 
+class RayConnection:
+    """A driver's hold on Ray. Created before `connect`, it remembers whether this process was
+    already connected (a caller's own `ray.init`, kept); `leave()` then disconnects only a
+    connection the run made itself. As a context manager it leaves on exit.
+
+        with RayConnection() as conn:
+            ...            # connect(cfg), train
+            conn.leave()   # early, e.g. before printing an error line
+    """
+
+    def __init__(self) -> None:
+        self.ours = not ray.is_initialized()
+
+    def leave(self) -> None:
+        if self.ours and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> RayConnection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
+
+
 def connect(cfg: Config) -> DevicePlan:
     """Join the cluster named by RAY_ADDRESS (set by `ray job submit`), else start a local one,
     and decide each role's device (common/device.py). A config that does not fit the card is
