@@ -324,6 +324,16 @@ def check_nf4(args, rep: Report) -> None:
     rep.say("NF4: " + ", ".join(f"{k} {v}" for k, v in res.items()))
 
 
+def machine_facts(args, card, nf4: bool, shapes, dtype: str) -> dict:
+    """The report's header: the device, the code and library versions, what the run checks."""
+    device = "cpu" if args.cpu else (f"{card.name} ({card.total_gb:.1f} GiB, compute capability "
+                                     f"{card.capability[0]}.{card.capability[1]})")
+    return {"tool": "tools.card_check", "device": device, "commit": commit(),
+            "versions": versions(), "cap_gb": args.gpu_memory_gb, "dtype": dtype,
+            "lora_mode": "qlora" if nf4 else "lora (bitsandbytes does not import)",
+            "shape": dataclasses.asdict(shapes) | {"name": args.shape or "the preset's"}}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -336,25 +346,18 @@ def main(argv=None) -> int:
         return 2
     nf4 = bitsandbytes_works()
     shapes = shapes_for(args, get_preset("gpu-8gb").model.name)
-    if args.cpu:
-        dtype = compute_dtype(args.dtype, "cpu")
-    else:
-        dtype = cuda_dtype(args.dtype, card.capability)[0]
-    data = {"tool": "tools.card_check", "device": "cpu" if args.cpu else
-            f"{card.name} ({card.total_gb:.1f} GiB, compute capability "
-            f"{card.capability[0]}.{card.capability[1]})", "commit": commit(),
-            "versions": versions(), "cap_gb": args.gpu_memory_gb, "dtype": dtype,
-            "lora_mode": "qlora" if nf4 else "lora (bitsandbytes does not import)",
-            "shape": dataclasses.asdict(shapes) | {"name": args.shape or "the preset's"}}
+    dtype = (compute_dtype(args.dtype, "cpu") if args.cpu
+             else cuda_dtype(args.dtype, card.capability)[0])
+    data = machine_facts(args, card, nf4, shapes, dtype)
     rep = Report(args.out, data)
     with tempfile.TemporaryDirectory(prefix="homerl-card-") as path:
         write_model(shapes, path)
         cfg = config(args, path, nf4)
         r = cfg.rollout
-        data["settings"] = {"group": r.group_size, "prompts": r.prompts_per_step,
-                            "prompt_tokens": r.max_prompt_tokens, "new_tokens": r.max_new_tokens,
-                            "micro_batch": cfg.grpo.micro_batch, "steps": args.steps,
-                            "kv_cache": r.kv_cache, "lora_r": cfg.lora.r}
+        data["settings"] = dict(group=r.group_size, prompts=r.prompts_per_step,
+                                prompt_tokens=r.max_prompt_tokens, new_tokens=r.max_new_tokens,
+                                micro_batch=cfg.grpo.micro_batch, steps=args.steps,
+                                kv_cache=r.kv_cache, lora_r=cfg.lora.r)
         data["plan"] = plan_figures(cfg, shapes, dtype)
         rep.say(f"{data['device']}, cap {args.gpu_memory_gb:g} GiB, {data['lora_mode']}, "
                 f"{dtype}; {shapes.params / 1e9:.2f}B params, G={r.group_size} x "
