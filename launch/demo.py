@@ -192,9 +192,10 @@ def main(argv=None) -> int:
         with QuietConsole(log_path, args.verbose) as console:
             try:
                 scored = demo(cfg, run_dir, console, resume)
-            except BaseException:
-                conn.leave()  # what the actors still send goes to the log, not below the
-                raise         # error line
+            finally:
+                # the actors' last lines (a progress bar Ray forwards when its process ends)
+                # go to the log, not below the table or the error line
+                conn.leave()
             if scored is not None:
                 report(cfg, run_dir, console.say, *scored, wall_s=time.perf_counter() - t0,
                        resumed=resume)

@@ -147,12 +147,16 @@ def test_seen_and_unseen_sets_with_samples(tmp_path):
 def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_path, ray_cluster,
                                                                         capfd, monkeypatch):
     """Both evaluations on the run's rollout worker; the console holds the demo's lines and the
-    table, the actors' logs do not reach it. Stopped during training (RUN_DIR/STOP, as Ctrl-C
-    stops it), the demo keeps its checkpoint and the base scores; --resume trains the steps
-    left and compares with those scores. A learner killed in the resumed part is restored from
-    its checkpoint, as in launch.train, and the demo scores the restored run's policy."""
+    table, the actors' logs do not reach it (also not the last lines Ray forwards as a demo's
+    own cluster ends: the first part runs as `python -m launch.demo`). Stopped during training
+    (RUN_DIR/STOP, as Ctrl-C stops it), the demo keeps its checkpoint and the base scores;
+    --resume trains the steps left and compares with those scores. A learner killed in the
+    resumed part is restored from its checkpoint, as in launch.train, and the demo scores the
+    restored run's policy."""
     import os
     import signal
+    import subprocess
+    import sys
     import threading
     import time
 
@@ -175,14 +179,18 @@ def test_demo_runs_end_to_end_on_the_tiny_preset_and_resumes_after_a_stop(tmp_pa
             time.sleep(0.02)
         (run / "STOP").touch()
 
-    capfd.readouterr()
     stopper = threading.Thread(target=stop_after_the_first_row, daemon=True)
     stopper.start()
-    assert demo(["--preset", "tiny", "--steps", "12", "--run.eval_n", "3",
-                 "--run-dir", str(run)]) == 0
+    proc = subprocess.run([sys.executable, "-m", "launch.demo", "--preset", "tiny", "--steps",
+                           "12", "--run.eval_n", "3", "--run-dir", str(run)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RAY_ADDRESS": ""})
     stopper.join()
-    text = "".join(capfd.readouterr())
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
     assert f'(RUN_DIR/STOP); go on with: make demo ARGS="--resume {run}"' in text
+    assert "pid=" not in text  # left its cluster inside the quiet console
+    capfd.readouterr()
     assert not (run / "demo.json").exists()
     before = json.loads((run / "demo-before.json").read_text())
     monkeypatch.setattr(launch.demo, "Trainer", KillsTheLearnerOnce)
