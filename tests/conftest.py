@@ -63,12 +63,23 @@ def start_shared_cluster() -> None:
         ray.init(address="local", num_cpus=SHARED_CPUS, include_dashboard=False)
 
 
+# a line Ray forwarded into a driver's stderr: "(raylet) ...", "(Learner pid=42) ...", colored
+RAY_FORWARDED = re.compile(r"^(\x1b\[[0-9;]*m)?\([^()]*\b(pid=\d+|raylet|gcs_server)\b[^()]*\)")
+
+
 def own_lines(err: str, prog: str) -> list[str]:
     """The lines of `err` (a program's stderr) that program printed itself ("launch.train: ..."):
     Ray forwards its actors' output (progress bars, tracebacks) to the same stream, and the
-    shared cluster of a pytest process forwards an earlier test's actors into whatever test is
-    capturing at the time."""
+    shared cluster of a pytest process forwards an earlier test's actors, and its raylet's
+    warnings (a disk nearly full), into whatever test is capturing at the time."""
     return [line for line in err.splitlines() if line.startswith(f"{prog}:")]
+
+
+def without_ray(err: str) -> str:
+    """`err` without the lines Ray forwarded into it (see `own_lines`), for a check that an
+    in-process call printed exactly one line. (Split at newlines only: a forwarded progress
+    bar's carriage returns stay inside its line.)"""
+    return "\n".join(line for line in err.split("\n") if not RAY_FORWARDED.match(line)).strip()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from conftest import _free_port
+from conftest import _free_port, without_ray
 
 from common.config import Config
 from common.presets import get_preset
@@ -215,7 +215,7 @@ def test_auth_on_the_command_line_is_refused_and_the_environment_works(capsys, m
         taken.listen()
         port = str(taken.getsockname()[1])
         assert app.main(["--auth", "ann:correct-horse", "--port", port]) == 2
-        err = capsys.readouterr().err.strip()
+        err = without_ray(capsys.readouterr().err)
         assert err.startswith("launch.app: error: --auth:") and "\n" not in err
         assert "--auth-file" in err and AUTH_ENV in err
         monkeypatch.setenv(AUTH_ENV, "ann:correct-horse")

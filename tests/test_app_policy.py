@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from conftest import without_ray
 
 from launch.app.model_tabs import run_eval, try_model
 from launch.app.policy import Policy, PolicyError, is_loopback, read_auth
@@ -34,7 +35,7 @@ def test_host_beyond_loopback_needs_auth(capsys, tmp_path, monkeypatch):
         True, True, True, True, False, False, False]
     monkeypatch.delenv("HOMERL_APP_AUTH", raising=False)
     assert app.main(["--host", "0.0.0.0", "--port", "1"]) == 2
-    err = capsys.readouterr().err.strip()
+    err = without_ray(capsys.readouterr().err)
     assert err.startswith("launch.app: error: --host 0.0.0.0:") and "--auth-file" in err
     (tmp_path / "short").write_text("ann:short\n")
     assert app.main(["--host", "0.0.0.0", "--auth-file", str(tmp_path / "short")]) == 2

@@ -5,6 +5,7 @@ working)."""
 import json
 
 import pytest
+from conftest import without_ray
 
 from tools.compare.time_to_accuracy import MARKS, Scorer, trl_reward
 from tools.compare.tta_report import censored_median, time_to_target
@@ -59,7 +60,7 @@ def test_ours_flags_change_the_preset_and_a_bad_one_is_a_one_line_error(capsys):
     assert ours_config("").to_dict() == preset.to_dict()  # the preset's own values otherwise
     with pytest.raises(SystemExit) as e:
         parse_args(["--ours-flags", "--grpo.entropy_rho lots"])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_ray(capsys.readouterr().err).splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--grpo.entropy_rho" in err[0]
 
 

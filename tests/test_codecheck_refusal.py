@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import without_ray
 
 from rewards.verifiers import python_tests as codecheck
 from rewards.verifiers.python_tests import check_isolation, python_tests
@@ -121,7 +122,7 @@ def test_launch_evaluate_of_a_python_tests_set_is_refused_in_one_line_simulated_
 
     rc = main(["--model", str(tmp_path / "no-such-model"), "--task", "file", "--data",
                code_set(tmp_path), "--verifier", "python-tests", "--heldout-size", "4"])
-    err = capsys.readouterr().err.strip()
+    err = without_ray(capsys.readouterr().err)
     assert rc == 2 and "\n" not in err, err
     assert err.startswith("launch.evaluate: error: python-tests: cannot isolate"), err
 

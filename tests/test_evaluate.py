@@ -5,7 +5,7 @@ import json
 import pytest
 import ray
 import torch
-from conftest import own_lines
+from conftest import own_lines, without_ray
 
 from actors.eval_worker import load_for_eval
 from launch.evaluate.__main__ import main
@@ -34,7 +34,7 @@ def test_cli_bad_workers_and_missing_model_are_one_line_errors(capsys, own_ray):
     capsys.readouterr()  # drop what an earlier test's Ray workers still printed
     assert main(["--model", MODEL, "--workers", "-1"]) == 2
     assert main(["--model", "no/such-model-here", "--workers", "1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_ray(capsys.readouterr().err).splitlines()
     assert len(err) == 2 and "--workers" in err[0] and "no/such-model-here" in err[1]
     assert not ray.is_initialized()  # the bad model was caught before starting Ray
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import own_lines
+from conftest import own_lines, without_ray
 
 from common.presets import get_preset
 from common.state_io import save_state
@@ -59,7 +59,7 @@ def refused(capsys, argv) -> str:
     with pytest.raises(SystemExit) as e:
         resolve_run(argv)
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
+    err = without_ray(capsys.readouterr().err)
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
 
@@ -361,7 +361,7 @@ def _demo_refused(capsys, argv) -> str:
     with pytest.raises(SystemExit) as e:
         demo.main(argv)
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
+    err = without_ray(capsys.readouterr().err)
     assert len(err.splitlines()) == 1 and err.startswith("launch.demo: error: "), err
     return err
 
@@ -414,7 +414,7 @@ def test_the_lock_and_the_history_never_follow_a_planted_symlink(tmp_path, capsy
 
             open_run(["--preset", "tiny", "--run-dir", str(run)])
         assert e.value.code == 2
-        err = capsys.readouterr().err.strip()
+        err = without_ray(capsys.readouterr().err)
         assert len(err.splitlines()) == 1 and "is a symbolic link" in err, err
         assert victim.read_text() == "precious\n"
 

@@ -3,6 +3,7 @@ and the rollout workers, cut to the RAM plan, and the refusals. Pure arithmetic 
 of the real Qwen2-0.5B shape (no model is loaded, no Ray)."""
 
 import pytest
+from conftest import without_ray
 
 from common.config import ConfigError
 from common.presets import get_preset
@@ -67,7 +68,7 @@ def test_the_cli_sizes_a_new_run_and_refuses_cores_with_a_split_by_hand(tmp_path
         resolve_run(["--preset", "cpu-14core", "--cores", "8", "--rollout.num_workers", "2",
                      "--run-dir", str(tmp_path / "d")])
     assert code.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_ray(capsys.readouterr().err).splitlines()
     assert len(err) == 1 and "--cores" in err[0] and "--rollout.num_workers" in err[0]
 
 

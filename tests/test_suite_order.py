@@ -1,5 +1,6 @@
 """The suite's own order: tests/durations.json names tests that exist, the longest go first,
-and tools.ops.test_durations reads pytest's --durations lines. Pure: no Ray, no model."""
+and tools.ops.test_durations reads pytest's --durations lines; and the suite's reading of a
+program's stderr past what Ray forwards into it. Pure: no Ray, no model."""
 
 import contextlib
 import json
@@ -7,7 +8,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import DURATIONS, LONG_S, _order
+from conftest import DURATIONS, LONG_S, _order, own_lines, without_ray
 
 from tools.ops.test_durations import durations, main
 
@@ -55,3 +56,17 @@ def test_durations_add_setup_call_and_teardown(tmp_path):
     with open(out, "w") as f, contextlib.redirect_stdout(f):
         assert main([str(log), "--min-s", "5"]) == 0
     assert json.loads(out.read_text()) == {"tests/test_x.py::test_a[1]": 15.0}
+
+
+def test_a_programs_stderr_is_read_past_the_lines_ray_forwards_into_it():
+    raylet = ("\x1b[33m(raylet)\x1b[0m [2026-11-29 19:38:38,049 E 20974 20985] (raylet) "
+              "file_system_monitor.cc:116: /tmp/rgw1/ray/session is over 95% full")
+    bar = ("\x1b[36m(HFRolloutWorker pid=7835)\x1b[0m Loading weights:   0%|   | 0/21\r"
+           "Loading weights: 100%|###| 21/21")
+    traceback = ["(Learner pid=42, ip=10.0.0.2) Traceback (most recent call last):",
+                 "(Learner pid=42, ip=10.0.0.2)   File \"learner.py\", line 1, in <module>"]
+    line = "launch.app: error: --auth: a password on the command line (pid=1 can read it)"
+    err = "\n".join([raylet, bar, line, *traceback, ""])
+    assert without_ray(err) == line
+    assert without_ray(f"{line}\n(note) not from Ray\n") == f"{line}\n(note) not from Ray"
+    assert own_lines(err, "launch.app") == [line] and own_lines(err, "launch.train") == []
