@@ -30,6 +30,8 @@ CURVES = (
 """Watch tab panels: (metrics.jsonl key, title)"""
 
 SAMPLE_COLUMNS = ("step", "question", "answer", "completion", "reward", "error")
+"""Watch tab samples table: samples.jsonl fields, in column order"""
+
 
 def curve_series(rows: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
     """title -> (steps, values) of each Watch panel that has data; completions / s is the
