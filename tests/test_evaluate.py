@@ -30,13 +30,16 @@ def test_sharded_evaluation_matches_in_process(ray_cluster):
         assert par[key] == local[key], key
 
 
-def test_cli_bad_workers_and_missing_model_are_one_line_errors(capsys, own_ray):
+def test_cli_bad_input_is_one_line_and_a_cluster_it_starts_is_left(capsys, own_ray):
     capsys.readouterr()  # drop what an earlier test's Ray workers still printed
     assert main(["--model", MODEL, "--workers", "-1"]) == 2
     assert main(["--model", "no/such-model-here", "--workers", "1"]) == 2
     err = without_ray(capsys.readouterr().err).splitlines()
     assert len(err) == 2 and "--workers" in err[0] and "no/such-model-here" in err[1]
     assert not ray.is_initialized()  # the bad model was caught before starting Ray
+    # --workers 1 with no cluster: a local one for the evaluation, left when main returns
+    assert main(["--model", MODEL, "--workers", "1", "--n", "2", "--max-new-tokens", "4"]) == 0
+    assert not ray.is_initialized()
 
 
 def test_cli_writes_result(tmp_path):

@@ -40,6 +40,7 @@ import torch
 from common.device import compute_dtype
 from common.models import ModelNotFoundError
 from launch.cli import OneLineParser
+from launch.driver.placement import RayConnection
 from launch.evaluate.saved_models import (
     check_code_isolation,
     connect_for_eval,
@@ -107,10 +108,14 @@ def main(argv=None) -> int:
         threads = args.threads or 1
         for name in args.model:
             resolve_model_or_final(name)  # a missing model fails before Ray starts
-        workers = connect_for_eval(args.workers, threads)
-        results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
-                                args.max_new_tokens, args.batch_size, workers, threads,
-                                args.samples)
+        # a cluster this command starts (--workers N, no RAY_ADDRESS) is left when it ends, before
+        # an error line is printed (an actor's traceback arriving later cannot bury it); a
+        # caller's own connection (main() called after ray.init) is kept
+        with RayConnection():
+            workers = connect_for_eval(args.workers, threads)
+            results = evaluate_many(args.model, sets, torch.bfloat16 if bf16 else torch.float32,
+                                    args.max_new_tokens, args.batch_size, workers, threads,
+                                    args.samples)
     except (ModelNotFoundError, DatasetError, ValueError, IsolationError) as e:
         print(f"launch.evaluate: error: {e}", file=sys.stderr)
         return 2
