@@ -96,7 +96,8 @@ def test_kuberay_rayjob():
     spec = job["spec"]
     assert "python -m launch.train --preset cpu-14core" in spec["entrypoint"]
     assert "--run-dir /mnt/" in spec["entrypoint"]
-    assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
+    env_vars = yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]
+    assert int(env_vars["RAY_JOB_STOP_WAIT_TIME_S"]) >= 60  # a stop lets the step end
     cluster = spec["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     workers = cluster["workerGroupSpecs"]

@@ -278,3 +278,37 @@ def test_a_step_that_refuses_every_prompt_is_one_line(ray_cluster, tmp_path, cap
     ours = own_lines(err, "launch.train")
     assert ours == ["launch.train: error: step 0: every prompt was refused (prompt_too_long); "
                     "check rollout.max_prompt_tokens and the data; no step was trained"], err
+
+
+def test_sigterm_stops_after_the_step_where_asked_and_a_second_one_stops_at_once():
+    """stop_on_interrupt(sigterm=True), launch.train's: SIGTERM (`ray job stop`, `docker stop`)
+    sets the event as Ctrl-C does, naming itself; a second raises KeyboardInterrupt; the
+    previous handler is back afterwards. Without `sigterm` (homerl's train()) SIGTERM is left
+    alone. In a process of its own: a SIGTERM that missed the handler would end pytest."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import os, signal
+        from launch.driver.supervise import stop_on_interrupt
+        before, lines = signal.getsignal(signal.SIGTERM), []
+        with stop_on_interrupt("p") as event:
+            print("default keeps SIGTERM:", signal.getsignal(signal.SIGTERM) is before)
+        try:
+            with stop_on_interrupt("p", lines.append, sigterm=True) as event:
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("first:", event.on_step(0, {}), lines)
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("second: went on")
+        except KeyboardInterrupt:
+            print("second: KeyboardInterrupt")
+        print("restored:", signal.getsignal(signal.SIGTERM) is before)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).parents[1]).stdout.splitlines()
+    assert out == [
+        "default keeps SIGTERM: True",
+        "first: SIGTERM ['\\np: SIGTERM: stopping after this step, with a checkpoint (a second "
+        "signal: now, without one)']",
+        "second: KeyboardInterrupt",
+        "restored: True"], out

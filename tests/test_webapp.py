@@ -275,7 +275,11 @@ def test_under_a_dashboard_address_start_submits_a_ray_job(tmp_path, head_node, 
     run_dir = start_run({"preset": "tiny", "steps": 3}, str(tmp_path / "runs"))
     try:
         with open(os.path.join(run_dir, "app.json")) as f:
-            assert json.load(f)["command"][1:3] == ["job", "submit"]
+            command = json.load(f)["command"]
+        assert command[1:3] == ["job", "submit"]
+        # the dashboard's Stop (ray job stop) lets the driver end its step with a checkpoint
+        runtime_env = json.loads(command[command.index("--runtime-env-json") + 1])
+        assert int(runtime_env["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"]) >= 60
         _wait(lambda: run_status(run_dir).state != "running", 400, "the Ray job")
         log = open(os.path.join(run_dir, "app.log")).read()
         assert run_status(run_dir).state == "finished", log[-3000:]

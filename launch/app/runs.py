@@ -124,6 +124,13 @@ def _new_run_dir(root: str, preset: str) -> str:
     return path
 
 
+# a submitted run's runtime env, as docs/cluster.md's: the checkout without what is local to it;
+# `ray job stop` (the dashboard's Stop too) gives the driver 600 s, not 3, to end its step with a
+# checkpoint before the SIGKILL
+JOB_RUNTIME_ENV = {"excludes": [".venv", "runs", ".git"],
+                   "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}
+
+
 def _command(argv: list[str], root: str) -> list[str]:
     """`python -m launch.train argv`; under a dashboard RAY_ADDRESS (http://head:8265) the same
     command as a Ray job (`ray job submit`, as docs/cluster.md's "As a Ray job"), which this process
@@ -132,9 +139,9 @@ def _command(argv: list[str], root: str) -> list[str]:
     if not address.startswith(("http://", "https://")):
         return [sys.executable, "-m", "launch.train", *argv]
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    excludes = json.dumps({"excludes": [".venv", "runs", ".git"]})
     return [ray_cli, "job", "submit", "--address", address, "--working-dir", root,
-            "--runtime-env-json", excludes, "--", "python", "-m", "launch.train", *argv]
+            "--runtime-env-json", json.dumps(JOB_RUNTIME_ENV), "--", "python", "-m",
+            "launch.train", *argv]
 
 
 def _spawn(run_dir: str, argv: list[str]) -> str:

@@ -65,40 +65,53 @@ def run_supervised(trainer, **run_kwargs) -> dict:
 
 
 class Interrupted(threading.Event):
-    """Set by the first Ctrl-C (`stop_on_interrupt`)."""
+    """Set by the first Ctrl-C, or SIGTERM where asked (`stop_on_interrupt`); `reason` says
+    which."""
+
+    reason = "Ctrl-C"
 
     def on_step(self, k: int, row: dict) -> str | None:
-        """Trainer.run's hook: after a Ctrl-C, stop after this step, saying why."""
-        return "Ctrl-C" if self.is_set() else None
+        """Trainer.run's hook: once set, stop after this step, saying why."""
+        return self.reason if self.is_set() else None
 
 
 @contextlib.contextmanager
-def stop_on_interrupt(prog: str, say=None):
+def stop_on_interrupt(prog: str, say=None, sigterm: bool = False):
     """The first Ctrl-C sets the event it yields (pass `on_step=event.on_step`: the run
     stops after its step, with a checkpoint, raising RunStopped); the second raises
     KeyboardInterrupt at once, keeping the last checkpoint. A terminal's Ctrl-C reaches the
     local cluster's processes too (one process group); Ray's daemons and actors ignore it, so
-    they finish that step. Only in the main thread (signals go there); elsewhere the event is
-    never set. `say(line)` tells the user (default: stderr)."""
+    they finish that step. With `sigterm`, SIGTERM does what Ctrl-C does: it is what `ray job
+    stop`, `docker stop` and Kubernetes send before a SIGKILL, so a run stops with a
+    checkpoint of its step when they wait for it (`ray job stop` waits 3 s unless the job's
+    runtime env sets RAY_JOB_STOP_WAIT_TIME_S) and keeps its last checkpoint when they do
+    not. Only in the main thread (signals go there); elsewhere the event is never set.
+    `say(line)` tells the user (default: stderr)."""
     event = Interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield event
         return
-    previous = signal.getsignal(signal.SIGINT)
+    signals = (signal.SIGINT, signal.SIGTERM) if sigterm else (signal.SIGINT,)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
 
     def handler(signum, frame):
         if event.is_set():
             raise KeyboardInterrupt
+        event.reason = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         event.set()
         line = (f"\n{prog}: stopping after this step, with a checkpoint (Ctrl-C again: now, "
-                "without one)")
+                "without one)" if signum == signal.SIGINT else
+                f"\n{prog}: SIGTERM: stopping after this step, with a checkpoint (a second "
+                "signal: now, without one)")
         try:
             (say or (lambda text: print(text, file=sys.stderr)))(line)
         except RuntimeError:  # the stream was mid-write (a reentrant call): stop all the same
             pass
 
-    signal.signal(signal.SIGINT, handler)
+    for signum in signals:
+        signal.signal(signum, handler)
     try:
         yield event
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, before in previous.items():
+            signal.signal(signum, before)
