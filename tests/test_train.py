@@ -281,8 +281,8 @@ def test_a_step_that_refuses_every_prompt_is_one_line(ray_cluster, tmp_path, cap
 
 
 def test_sigterm_stops_after_the_step_where_asked_and_a_second_one_stops_at_once():
-    """stop_on_interrupt(sigterm=True), launch.train's: SIGTERM (`ray job stop`, `docker stop`)
-    sets the event as Ctrl-C does, naming itself; a second raises KeyboardInterrupt; the
+    """stop_on_interrupt(sigterm=True), launch.train's under a joined cluster: SIGTERM (`ray job
+    stop`) sets the event as Ctrl-C does, naming itself; a second raises KeyboardInterrupt; the
     previous handler is back afterwards. Without `sigterm` (homerl's train()) SIGTERM is left
     alone. In a process of its own: a SIGTERM that missed the handler would end pytest."""
     import subprocess

@@ -81,12 +81,11 @@ def stop_on_interrupt(prog: str, say=None, sigterm: bool = False):
     stops after its step, with a checkpoint, raising RunStopped); the second raises
     KeyboardInterrupt at once, keeping the last checkpoint. A terminal's Ctrl-C reaches the
     local cluster's processes too (one process group); Ray's daemons and actors ignore it, so
-    they finish that step. With `sigterm`, SIGTERM does what Ctrl-C does: it is what `ray job
-    stop`, `docker stop` and Kubernetes send before a SIGKILL, so a run stops with a
-    checkpoint of its step when they wait for it (`ray job stop` waits 3 s unless the job's
-    runtime env sets RAY_JOB_STOP_WAIT_TIME_S) and keeps its last checkpoint when they do
-    not. Only in the main thread (signals go there); elsewhere the event is never set.
-    `say(line)` tells the user (default: stderr)."""
+    they finish that step. With `sigterm`, SIGTERM does what Ctrl-C does: `ray job stop` sends
+    it before a SIGKILL, so a run stops with a checkpoint of its step when the stop waits long
+    enough (3 s unless the job's runtime env sets RAY_JOB_STOP_WAIT_TIME_S) and keeps its
+    last checkpoint when it does not. Only in the main thread (signals go there); elsewhere
+    the event is never set. `say(line)` tells the user (default: stderr)."""
     event = Interrupted()
     if threading.current_thread() is not threading.main_thread():
         yield event
