@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import os
 import sys
@@ -166,6 +167,23 @@ def unwritable(run_dir: str) -> str | None:
     return None
 
 
+def in_a_jobs_copy(run_dir: str) -> str | None:
+    """Why `run_dir` would be lost, or None: a relative path in the driver of `ray job submit
+    --working-dir` names a folder in Ray's copy of that directory (the job's working directory,
+    deleted with the cluster's session), not in the user's checkout."""
+    if os.path.isabs(run_dir):
+        return None
+    try:  # Ray hands a job's driver its runtime env in this variable
+        env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""))["runtime_env"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not (env or {}).get("working_dir"):
+        return None
+    return (f"a relative path in a Ray job is inside Ray's temporary copy of --working-dir "
+            f"({os.getcwd()}), deleted with the cluster: give an absolute one ($PWD/{run_dir}, "
+            "on storage every node mounts)")
+
+
 class RunRefused(Exception):
     """A user error of a run's directory or settings, before anything is written: one line."""
 
@@ -184,8 +202,9 @@ def plan_run(cfg: Config, run_dir: str, resume: bool, given: list[str] | tuple =
     directory it cannot write, a new run where a run is, a resume where none is, or a change a
     resume may not make. Nothing is written."""
     where = spell("resume" if resume else "run.run_dir")
-    if (why := unwritable(run_dir)) is not None:  # before any actor starts
-        _fail(f"{where} {run_dir}: {why}")
+    for check in (in_a_jobs_copy, unwritable):  # before any actor starts
+        if (why := check(run_dir)) is not None:
+            _fail(f"{where} {run_dir}: {why}")
     if not resume:
         if (why := why_not_new(run_dir, spell)) is not None:  # never append to a run or a model
             _fail(why)

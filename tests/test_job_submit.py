@@ -3,8 +3,9 @@
 Starts a real head node on 127.0.0.1 with its own ports and submits the tiny preset; the job has
 its learner SIGKILLed mid-run and must still succeed, with every step logged once and the final
 adapter saved. A second job resumes the run and is ended by `ray job stop`: it stops after its
-step with a checkpoint. The cluster is stopped at the end. (One head for all: a head node costs
-~20 s of the suite's 2 cores, and a job that survives the kill has shown the plain path.)
+step with a checkpoint. A third, with a relative --run-dir, is refused. The cluster is stopped
+at the end. (One head for all: a head node costs ~20 s of the suite's 2 cores, and a job that
+survives the kill has shown the plain path.)
 """
 
 import json
@@ -82,6 +83,10 @@ def test_job_submit_survives_a_killed_learner_and_ray_job_stop_keeps_its_step(he
     assert (run_dir / "final" / "adapter_config.json").exists()
     stop_a_resumed_job(head_node, run_dir, steps)
     shutil.rmtree(run_dir, ignore_errors=True)
+    # a relative --run-dir would be in Ray's copy of --working-dir: refused in one line
+    proc = submit(job_cmd(head_node.address, "runs/rel"), head_node.env)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "launch.train: error: --run-dir runs/rel: a relative path in a Ray job" in proc.stdout
 
 
 def stop_a_resumed_job(head_node, run_dir, done: int) -> None:

@@ -100,6 +100,33 @@ def test_run_dir_takes_an_empty_dir_and_the_web_apps_pre_created_one(tmp_path):
         assert json.loads((d / HISTORY).read_text())["event"] == "start"
 
 
+def test_a_relative_run_dir_in_a_ray_jobs_working_dir_copy_is_refused(tmp_path, capsys,
+                                                                      monkeypatch):
+    """Under `ray job submit --working-dir .` the driver runs in Ray's temporary copy of the
+    directory (Ray tells it so in RAY_JOB_CONFIG_JSON_ENV_VAR): a relative --run-dir or
+    --resume, the default run directory included, would be deleted with the cluster."""
+    monkeypatch.chdir(tmp_path)
+    job = {"runtime_env": {"working_dir": "gcs://_ray_pkg_0123abcd.zip"}, "metadata": {}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
+    err = refused(capsys, ["--preset", "tiny", "--run-dir", "runs/demo"])
+    assert err == ("launch.train: error: --run-dir runs/demo: a relative path in a Ray job is "
+                   f"inside Ray's temporary copy of --working-dir ({tmp_path}), deleted with the "
+                   "cluster: give an absolute one ($PWD/runs/demo, on storage every node mounts)")
+    assert refused(capsys, ["--preset", "tiny"]).startswith("launch.train: error: --run-dir runs/")
+    assert refused(capsys, ["--resume", "runs/demo"]).startswith(
+        "launch.train: error: --resume runs/demo: a relative path in a Ray job")
+    assert not (tmp_path / "runs").exists()
+    # an absolute path is taken; so is a relative one in a job without --working-dir, or outside
+    for env in (job, {"runtime_env": {}, "metadata": {}}, None):
+        if env is None:
+            monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+        else:
+            monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(env))
+        run_dir = str(tmp_path / "abs") if env is job else "rel"
+        _, got, _, _, _ = resolve_run(["--preset", "tiny", "--run-dir", run_dir])
+        assert got == run_dir
+
+
 # ---- 2 and 5. a torn metrics line; the resume's rewrite is atomic -----------------------------
 def test_resume_drops_a_torn_last_metrics_line_with_one_warning(tmp_path, caplog):
     run = tiny_run_dir(tmp_path / "run")
