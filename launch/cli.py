@@ -167,11 +167,12 @@ def unwritable(run_dir: str) -> str | None:
     return None
 
 
-def in_a_jobs_copy(run_dir: str) -> str | None:
-    """Why `run_dir` would be lost, or None: a relative path in the driver of `ray job submit
-    --working-dir` names a folder in Ray's copy of that directory (the job's working directory,
-    deleted with the cluster's session), not in the user's checkout."""
-    if os.path.isabs(run_dir):
+def in_a_jobs_copy(path: str) -> str | None:
+    """Why `path` (a run directory, any file a driver writes) would be lost, or None: a relative
+    path in the driver of `ray job submit --working-dir` names a place in Ray's copy of that
+    directory (the job's working directory, deleted with the cluster's session), not in the
+    user's checkout."""
+    if os.path.isabs(path):
         return None
     try:  # Ray hands a job's driver its runtime env in this variable
         env = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", ""))["runtime_env"]
@@ -180,8 +181,7 @@ def in_a_jobs_copy(run_dir: str) -> str | None:
     if not (env or {}).get("working_dir"):
         return None
     return (f"a relative path in a Ray job is inside Ray's temporary copy of --working-dir "
-            f"({os.getcwd()}), deleted with the cluster: give an absolute one ($PWD/{run_dir}, "
-            "on storage every node mounts)")
+            f"({os.getcwd()}), deleted with the cluster: give an absolute one ($PWD/{path})")
 
 
 class RunRefused(Exception):

@@ -104,17 +104,23 @@ def test_a_relative_run_dir_in_a_ray_jobs_working_dir_copy_is_refused(tmp_path, 
                                                                       monkeypatch):
     """Under `ray job submit --working-dir .` the driver runs in Ray's temporary copy of the
     directory (Ray tells it so in RAY_JOB_CONFIG_JSON_ENV_VAR): a relative --run-dir or
-    --resume, the default run directory included, would be deleted with the cluster."""
+    --resume, the default run directory included, or launch.evaluate's --out, would be deleted
+    with the cluster."""
     monkeypatch.chdir(tmp_path)
     job = {"runtime_env": {"working_dir": "gcs://_ray_pkg_0123abcd.zip"}, "metadata": {}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
     err = refused(capsys, ["--preset", "tiny", "--run-dir", "runs/demo"])
     assert err == ("launch.train: error: --run-dir runs/demo: a relative path in a Ray job is "
                    f"inside Ray's temporary copy of --working-dir ({tmp_path}), deleted with the "
-                   "cluster: give an absolute one ($PWD/runs/demo, on storage every node mounts)")
+                   "cluster: give an absolute one ($PWD/runs/demo)")
     assert refused(capsys, ["--preset", "tiny"]).startswith("launch.train: error: --run-dir runs/")
     assert refused(capsys, ["--resume", "runs/demo"]).startswith(
         "launch.train: error: --resume runs/demo: a relative path in a Ray job")
+    from launch.evaluate.__main__ import main as evaluate  # here: the only user of torch
+
+    assert evaluate(["--model", "tiny-random-llama", "--out", "r.json"]) == 2
+    assert without_ray(capsys.readouterr().err).startswith(
+        "launch.evaluate: error: --out r.json: a relative path in a Ray job")
     assert not (tmp_path / "runs").exists()
     # an absolute path is taken; so is a relative one in a job without --working-dir, or outside
     for env in (job, {"runtime_env": {}, "metadata": {}}, None):

@@ -39,7 +39,7 @@ import torch
 
 from common.device import compute_dtype
 from common.models import ModelNotFoundError
-from launch.cli import OneLineParser
+from launch.cli import OneLineParser, in_a_jobs_copy
 from launch.driver.placement import RayConnection
 from launch.evaluate.saved_models import (
     check_code_isolation,
@@ -98,6 +98,9 @@ def main(argv=None) -> int:
     if args.samples < 0 or args.samples == 1:
         print("launch.evaluate: error: --samples: must be 0 (greedy only) or >= 2",
               file=sys.stderr)
+        return 2
+    if args.out and (why := in_a_jobs_copy(args.out)) is not None:
+        print(f"launch.evaluate: error: --out {args.out}: {why}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
