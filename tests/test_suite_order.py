@@ -33,7 +33,13 @@ def test_own_cluster_tests_first_then_the_rest_long_ones_first_in_each():
     long_shared = [item(i) for i in long_ids[2:]]
     items = [short_shared, *long_own, *long_shared, short_own]
     items.sort(key=lambda i: _order(i, together=0.0))
-    assert items == [*long_own[::-1], short_own, *long_shared[::-1], short_shared]
+
+    def longest_first(group):
+        return sorted(group, key=lambda i: -DURATIONS[i.nodeid])
+
+    assert items == [*longest_first(long_own), short_own, *longest_first(long_shared),
+                     short_shared]  # (a tie keeps its order: two tests may take as long)
+    assert longest_first(long_own + long_shared) != long_own + long_shared
     assert all(DURATIONS[i] >= LONG_S for i in long_ids)
     # tests on one module-wide cluster sort as one own-cluster test of their summed time
     cluster = item("tests/x.py::test_c", "three_nodes")
