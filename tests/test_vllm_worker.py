@@ -63,9 +63,17 @@ def worker(model_path):
     w.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def hf(model_path):
+    """The HF reference, on the base weights: one per test (a tiny model loads in well under a
+    second), as tests load other weights into it and pytest-xdist runs them in any order."""
     return HFRolloutWorker(make_cfg(model_path), name="hf-0")
+
+
+def back_to_base(worker, model_path) -> None:
+    """Put a module-wide vLLM worker back on the base weights at version 0 (and the base its
+    LoRA merges start from), whatever an earlier test of this process pushed into it."""
+    worker.set_weights(full_payload(model_path, 0, noise=0.0), 0, rollback=True)
 
 
 def hf_stats(hf_worker, batch: RolloutBatch, temperature: float):
@@ -102,13 +110,13 @@ def lora_payload(hf_worker, version, r=8, seed=0, scale=2.0):
     return WeightUpdate("lora", version, tensors, scale=scale)
 
 
-def full_payload(model_path, version, seed=7):
-    """The tiny model's state dict with other random weights (fp32 numpy, HF names)."""
+def full_payload(model_path, version, seed=7, noise=0.05):
+    """The tiny model's state dict plus `noise` x random weights (fp32 numpy, HF names)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
-    tensors = {k: (v + 0.05 * torch.randn(v.shape, generator=g)).numpy()
+    tensors = {k: (v + noise * torch.randn(v.shape, generator=g)).numpy()
                for k, v in model.state_dict().items()}
     return WeightUpdate("full", version, tensors)
 
@@ -124,7 +132,8 @@ def test_seeded_call_over_the_prefill_budget_is_decoded(worker):
     assert len(b.completion_ids) == 120 and all(b.completion_ids)
 
 
-def test_generate_returns_well_formed_batch(worker, hf):
+def test_generate_returns_well_formed_batch(worker, hf, model_path):
+    back_to_base(worker, model_path)
     b = worker.generate(RolloutCall(PROMPTS + [{"question": " ", "answer": "1"}], G,
                                     Sampling(seed=3)))
     assert isinstance(b, RolloutBatch)
@@ -172,6 +181,8 @@ def test_generate_steps_decodes_several_calls_in_one_batch(worker):
 def test_lora_update_changes_policy_and_matches_hf_merge(mode, request, hf, model_path, tmp_path):
     worker = request.getfixturevalue("adapter_worker" if mode == "adapter" else "worker")
     assert worker.lora_merge == (mode == "merge")
+    if mode == "merge":  # its merges start from the last full weights it was given
+        back_to_base(worker, model_path)
     before = worker.generate(RolloutCall(PROMPTS, 1, GREEDY))
     version = worker.version + 1
     payload = lora_payload(hf, version)
