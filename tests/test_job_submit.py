@@ -20,15 +20,14 @@ import pytest
 from conftest import RAY, REPO, submit  # head_node: conftest's fixture
 
 from common import metrics as M
+from launch.app.runs import JOB_RUNTIME_ENV
 from launch.rundir.writer import read_jsonl
 
 
 def job_cmd(address: str, run_dir, *flags: str, submit=()) -> list[str]:
-    """docs/cluster.md's command, its runtime env included."""
-    runtime_env = {"excludes": [".venv", "runs", ".git"],
-                   "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "600"}}
+    """docs/cluster.md's command, with its runtime env (the one the web app submits)."""
     return [RAY, "job", "submit", "--address", address, "--working-dir", str(REPO),
-            "--runtime-env-json", json.dumps(runtime_env), *submit,
+            "--runtime-env-json", json.dumps(JOB_RUNTIME_ENV), *submit,
             "--", "python", "-m", "launch.train", "--preset", "tiny", "--run-dir", str(run_dir),
             *flags]
 
