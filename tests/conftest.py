@@ -161,6 +161,22 @@ def _order(item, together: float) -> tuple[int, float]:
     return 0 if own else 1, -seconds if seconds >= LONG_S else 0.0
 
 
+def pytest_configure(config):
+    """Ray 2.60 writes a token (~/.ray/auth_token) for a new local cluster when there is none:
+    the two pytest processes of `make test`, starting their first clusters at once on a machine
+    where Ray never ran, would each write one, and one cluster would run on a token the file no
+    longer holds. The first process makes it, as docs/cluster.md says, before any cluster."""
+    token = Path.home() / ".ray" / "auth_token"
+    if token.exists() or os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    from filelock import FileLock
+
+    with FileLock(os.path.join(tempfile.gettempdir(), "homerl-tests-ray-token.lock")):
+        if not token.exists():
+            subprocess.run([RAY, "get-auth-token", "--generate"], check=True,
+                           capture_output=True, timeout=120)
+
+
 def pytest_collection_modifyitems(config, items):
     together = sum(DURATIONS.get(i.nodeid, 0.0) for i in items
                    if "three_nodes" in getattr(i, "fixturenames", ()))
@@ -244,37 +260,56 @@ class HeadNode(NamedTuple):
 @pytest.fixture
 def head_node(tmp_path, own_ray):
     """A `ray start --head` cluster of its own (the shared test cluster is shut down first: two
-    clusters on 2 cores starve each other)."""
-    gcs, dash = _free_port(), _free_port()
+    clusters on 2 cores starve each other), started as docs/cluster.md says on a machine where
+    Ray never ran: a HOME of its own, so its token is made by `ray get-auth-token --generate`."""
+    from common.model_cache import cache_dir
+
     # The job's `python` is the one on the head node's PATH: put this venv first, as a user
     # who ran `. .venv/bin/activate` before `ray start` would have it.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    # Ray 2.60's `ray start` turns token auth on; the job CLI sends ~/.ray/auth_token only
-    # when RAY_AUTH_MODE=token (docs/cluster.md says the same).
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path, "RAY_AUTH_MODE": "token"}
+    # Ray 2.60's `ray start` turns token auth on when ~/.ray/auth_token exists, and fails when
+    # RAY_AUTH_MODE=token and it does not; the job CLI sends the token only when
+    # RAY_AUTH_MODE=token. homerl's cache (the tiny models) stays where it is.
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path, "RAY_AUTH_MODE": "token",
+           "HOME": str(tmp_path / "home"), "HOMERL_CACHE": str(cache_dir())}
     env.pop("RAY_ADDRESS", None)
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    gcs, dash = _free_port(), _free_port()
     # `--block` in a session of its own: teardown kills exactly this cluster's processes.
     # (`ray stop` would kill every Ray cluster on the machine, a user's running jobs included.)
     # A private --temp-dir keeps its `ray_current_cluster` address file out of /tmp/ray, where a
     # later plain `ray.init()` in this test session would find it and try to join the dead head.
     temp_dir = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: unix socket paths are capped
-    head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--num-cpus", "2",
-         "--disable-usage-stats", "--temp-dir", temp_dir, *agent_ports()],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = tmp_path / "ray-start.log"
+    with open(log, "wb") as out:
+        head = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port",
+             str(gcs), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+             "--num-cpus", "2", "--disable-usage-stats", "--temp-dir", temp_dir,
+             *agent_ports()],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     try:
-        wait_for_dashboard(address, env, head)
+        wait_for_dashboard(address, env, head, log)
         yield HeadNode(address, env, head.pid)
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:  # `ray start --block` rarely exits on SIGTERM alone: don't wait long for it
-            head.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
+        _end_session(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _end_session(head: subprocess.Popen) -> None:
+    """Kill `ray start --block` and every process of its session (its cluster)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:  # a head that failed to start, and nothing of it left
+            return
+        try:  # `ray start --block` rarely exits on SIGTERM alone: don't wait long for it
+            head.wait(timeout=5 if sig == signal.SIGTERM else 30)
+            return
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def agent_ports() -> list[str]:
@@ -285,11 +320,13 @@ def agent_ports() -> list[str]:
     return [x for flag in flags for x in (flag, str(_free_port()))]
 
 
-def wait_for_dashboard(address: str, env: dict, head, attempts: int = 90) -> None:
-    """Poll `ray job list` until the head answers (bounded), failing fast if the head died."""
+def wait_for_dashboard(address: str, env: dict, head, log: Path, attempts: int = 90) -> None:
+    """Poll `ray job list` until the head answers (bounded), failing fast (with the end of its
+    output, `log`) if the head died."""
     for _ in range(attempts):
         if head.poll() is not None:
-            raise RuntimeError(f"ray start --head exited with {head.returncode}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"ray start --head exited with {head.returncode}:\n{tail}")
         if subprocess.run([RAY, "job", "list", "--address", address], env=env,
                           capture_output=True, timeout=60).returncode == 0:
             return

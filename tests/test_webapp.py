@@ -269,7 +269,7 @@ def test_under_a_dashboard_address_start_submits_a_ray_job(tmp_path, head_node, 
     address, env, _ = head_node
     warm = submit([RAY, "job", "submit", "--address", address, "--", "python", "-c", "0"], env)
     assert warm.returncode == 0, warm.stdout[-2000:]  # the head's job agent is up
-    for key in ("PATH", "RAY_AUTH_MODE"):
+    for key in ("PATH", "RAY_AUTH_MODE", "HOME", "HOMERL_CACHE"):  # HOME: the head's token
         monkeypatch.setenv(key, env[key])
     monkeypatch.setenv("RAY_ADDRESS", address)
     run_dir = start_run({"preset": "tiny", "steps": 3}, str(tmp_path / "runs"))
