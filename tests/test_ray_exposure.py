@@ -62,10 +62,12 @@ def _join(address: str, env: dict, wait_s: float = 90.0) -> str:
 
 
 @pytest.fixture(scope="module")
-def local_cluster():
+def local_cluster(tmp_path_factory):
     """start_local_cluster (what launch.train and launch.evaluate call) in a process of its
-    own, with one task run (so a worker process listens too): (process, node info, GCS)."""
-    head = subprocess.Popen([sys.executable, "-c", HEAD], env=_env(), text=True,
+    own, with one task run (so a worker process listens too), for a user on whose machine Ray
+    never ran (a HOME of its own, where Ray makes the token): (process, node info, GCS, HOME)."""
+    home = tmp_path_factory.mktemp("home")
+    head = subprocess.Popen([sys.executable, "-c", HEAD], env=_env(HOME=str(home)), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         line = ""
@@ -74,7 +76,7 @@ def local_cluster():
             assert line or head.poll() is None, "the local cluster did not start"
         node, gcs = line.removeprefix("UP ").rsplit(" ", 1)
         time.sleep(3)  # the dashboard agent opens its HTTP port a moment after the node is up
-        yield head, json.loads(node), gcs.strip()
+        yield head, json.loads(node), gcs.strip(), home
     finally:
         head.kill()
         head.wait()
@@ -82,12 +84,14 @@ def local_cluster():
 
 def test_a_runs_local_cluster_refuses_a_client_without_its_token(local_cluster, tmp_path):
     """A client with no token is refused by the GCS, one that sends the token (the same
-    user's HOME, RAY_AUTH_MODE=token) joins: the refusal is the token's, not the network's."""
-    _, _, address = local_cluster
+    user's HOME, RAY_AUTH_MODE=token) joins: the refusal is the token's, not the network's.
+    The token Ray made is the user's alone: another user of the machine cannot read it."""
+    _, _, address, home = local_cluster
     assert not address.startswith("127.")  # reachable from the network: hence the token
     stranger = _env(HOME=str(tmp_path))  # no ~/.ray/auth_token there
     assert _join(address, stranger) == "refused"
-    assert _join(address, _env(RAY_AUTH_MODE="token")) == "joined"  # sends ~/.ray's token
+    assert _join(address, _env(HOME=str(home), RAY_AUTH_MODE="token")) == "joined"
+    assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
 
 
 def _listening(pid: int) -> list[tuple[str, int, str]]:
@@ -130,8 +134,8 @@ def test_every_port_of_a_local_cluster_refuses_a_client_without_the_token_but_me
     worker) answers a real method UNAUTHENTICATED and the same call with the token passes; the
     agents' HTTP ports answer 401; what answers anyone is Prometheus text (read-only counters),
     as docs/cluster.md's ports table says. A port of a kind not listed here fails the test."""
-    head, node, gcs = local_cluster
-    host, token = node["NodeManagerAddress"], (Path.home() / ".ray" / "auth_token").read_text()
+    head, node, gcs, home = local_cluster
+    host, token = node["NodeManagerAddress"], (home / ".ray" / "auth_token").read_text()
     grpc_methods = {
         int(gcs.rsplit(":", 1)[1]): "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo",
         node["NodeManagerPort"]: "/ray.rpc.NodeManagerService/GetNodeStats",
@@ -188,3 +192,22 @@ def test_the_aws_config_takes_a_security_group_that_admits_ssh_from_one_address(
     for node_type in cfg["available_node_types"].values():
         assert node_type["node_config"]["SecurityGroupIds"], node_type
     assert "--port 22" in text and "/32" in text
+
+
+def test_keep_token_private_makes_a_shared_token_file_the_users_alone(tmp_path, monkeypatch,
+                                                                       caplog):
+    from launch.driver.placement import keep_token_private
+
+    token = tmp_path / "token"
+    token.write_text("t" * 64)
+    token.chmod(0o644)  # as Ray writes it
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    with caplog.at_level("WARNING", logger="homerl.placement"):
+        keep_token_private()
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert token.read_text() == "t" * 64
+        assert [r.getMessage().split(" was ")[0] for r in caplog.records] == [str(token)]
+        keep_token_private()  # private already: nothing to say
+        assert len(caplog.records) == 1
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "none"))
+    keep_token_private()  # no file (a token in RAY_AUTH_TOKEN): nothing to do, no error

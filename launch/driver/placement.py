@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
@@ -165,6 +166,23 @@ def start_local_cluster(num_cpus: int) -> None:
         log.warning("RAY_AUTH_MODE=disabled: this run's Ray ports accept anyone who can reach "
                     "this machine; unset it to keep token authentication (docs/cluster.md)")
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    keep_token_private()
+
+
+def keep_token_private() -> None:
+    """Ray writes its token (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) readable by every user
+    of the machine (0644), and whoever reads it can join the cluster and run code as this user:
+    make the file this user's alone (0600), saying so once. Nothing to do for a private file,
+    a token given in RAY_AUTH_TOKEN, or a file of another user's."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+            path.chmod(0o600)
+            log.warning("%s was readable by other users of this machine (Ray makes it so): "
+                        "made it yours alone (0600), as the token lets its reader run code "
+                        "on this cluster", path)
+    except OSError:  # no such file (the token is in RAY_AUTH_TOKEN), or not ours to change
+        pass
 
 
 class RayConnection:
