@@ -7,6 +7,8 @@ Local run (starts a Ray cluster of its own):
 
 As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `rollout-0`, ...):
 
+    ray get-auth-token --generate >/dev/null && chmod 600 ~/.ray/auth_token   # once per machine
+    export RAY_AUTH_MODE=token
     ray start --head --dashboard-host 127.0.0.1
     ray job submit --address http://127.0.0.1:8265 --working-dir . -- \
         python -m launch.train --preset cpu-demo --run-dir $PWD/runs/demo
