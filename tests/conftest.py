@@ -173,8 +173,7 @@ def pytest_configure(config):
 
     with FileLock(os.path.join(tempfile.gettempdir(), "homerl-tests-ray-token.lock")):
         if not token.exists():
-            subprocess.run([RAY, "get-auth-token", "--generate"], check=True,
-                           capture_output=True, timeout=120)
+            make_ray_token(dict(os.environ))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -273,8 +272,7 @@ def head_node(tmp_path, own_ray):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PATH": path, "RAY_AUTH_MODE": "token",
            "HOME": str(tmp_path / "home"), "HOMERL_CACHE": str(cache_dir())}
     env.pop("RAY_ADDRESS", None)
-    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
-                   capture_output=True, timeout=120)
+    make_ray_token(env)
     gcs, dash = _free_port(), _free_port()
     # `--block` in a session of its own: teardown kills exactly this cluster's processes.
     # (`ray stop` would kill every Ray cluster on the machine, a user's running jobs included.)
@@ -300,16 +298,22 @@ def head_node(tmp_path, own_ray):
 
 def _end_session(head: subprocess.Popen) -> None:
     """Kill `ray start --block` and every process of its session (its cluster)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(head.pid, sig)
-        except ProcessLookupError:  # a head that failed to start, and nothing of it left
-            return
-        try:  # `ray start --block` rarely exits on SIGTERM alone: don't wait long for it
-            head.wait(timeout=5 if sig == signal.SIGTERM else 30)
-            return
-        except subprocess.TimeoutExpired:
-            pass
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+    except ProcessLookupError:  # a head that failed to start, and nothing of it left
+        return
+    try:  # `ray start --block` rarely exits on SIGTERM alone: don't wait long for it
+        head.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=30)
+
+
+def make_ray_token(env: dict) -> None:
+    """`ray get-auth-token --generate` (docs/cluster.md's first step): ~/.ray/auth_token of
+    env's HOME, made if missing (the command prints the token: kept off the test's output)."""
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
+                   capture_output=True, timeout=120)
 
 
 def agent_ports() -> list[str]:

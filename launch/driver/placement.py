@@ -176,7 +176,8 @@ def keep_token_private() -> None:
     a token given in RAY_AUTH_TOKEN, or a file of another user's."""
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     try:
-        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+        st = path.stat()
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
             path.chmod(0o600)
             log.warning("%s was readable by other users of this machine (Ray makes it so): "
                         "made it yours alone (0600), as the token lets its reader run code "
