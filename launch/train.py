@@ -16,16 +16,16 @@ As a Ray job (the dashboard at http://127.0.0.1:8265 shows actors `learner`, `ro
 This module is the entry point: it opens the run directory (launch/cli.py), runs the driver
 (launch/driver/trainer.py) under supervision (a dead learner is restored from its checkpoint)
 and turns every user error into one line and an exit status: 0 done or stopped on request
-(RUN_DIR/STOP, Ctrl-C, or on a joined cluster SIGTERM as `ray job stop` sends it: after the
-step in flight, with a checkpoint), 1 stopped with its checkpoints kept, 2 refused before
-training, 130 a second Ctrl-C or SIGTERM (stopped at once, keeping the last checkpoint).
+(RUN_DIR/STOP, Ctrl-C, SIGTERM as `ray job stop`, `kill PID` or `docker stop` send it: after
+the step in flight, with a checkpoint), 1 stopped with its checkpoints kept, 2 refused before
+training, 130 a second Ctrl-C or SIGTERM, or a SIGTERM that also ended the local cluster
+(stopped at once, keeping the last checkpoint).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 
 from common.config import Config
@@ -67,18 +67,14 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:
     except KeyboardInterrupt:  # Ctrl-C while the actors start (leaving Ray ends them)
         return 130, "launch.train: interrupted before the first step"
     try:
-        # SIGTERM ends the step first only on a cluster this driver joined (`ray job stop`): a
-        # local cluster's daemons share the driver's process group, and a SIGTERM sent to the
-        # group (`timeout`, systemd) ends them too, so the step could never finish
-        with stop_on_interrupt("launch.train", sigterm=bool(os.environ.get("RAY_ADDRESS"))) \
-                as interrupted:
+        resume_hint = f"resume with --resume {run_dir} (from its last checkpoint)"
+        with stop_on_interrupt("launch.train", sigterm=True, resume=resume_hint) as interrupted:
             summary = run_supervised(trainer, on_step=interrupted.on_step)
     except RunStopped as e:
         print(f"launch.train: {e}; resume with --resume {run_dir}")
         return 0, None
     except KeyboardInterrupt:  # the second Ctrl-C or SIGTERM: no checkpoint of this step
-        return 130, (f"launch.train: interrupted; resume with --resume {run_dir} (from its "
-                     "last checkpoint)")
+        return 130, f"launch.train: interrupted; {resume_hint}"
     except STOPPED as e:  # stop, keep the run
         if not trained_files(run_dir):
             return 1, f"launch.train: error: {e}; no step was trained"

@@ -223,6 +223,59 @@ def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file_and_st
     assert (run / f"ckpt-{len(steps):06d}").is_dir() and not (run / "final").exists()
 
 
+def test_sigterm_to_the_driver_stops_after_its_step_and_to_its_group_stops_at_once(tmp_path):
+    """SIGTERM to a local run's driver alone (`kill PID`, `docker stop`) does what Ctrl-C does:
+    the step ends with a checkpoint, exit 0 and how to resume. Sent to the process group
+    (`timeout`, systemd's stop) it also ends the local cluster's daemons, so the step can never
+    finish and leaving Ray would wait on a dead raylet: the run stops at once, exit 130, with
+    one line naming the resume, and nothing of the group is left. The resumed run (the second
+    one here) carries on without a gap, and so would a third."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run, rows = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
+
+    def train_until_rows(args: list[str], at_least: int) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--steps", "1000", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env={**os.environ, "RAY_ADDRESS": ""})
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                rows.exists() and rows.read_text().count("\n") >= at_least):
+            time.sleep(0.5)
+        return proc
+
+    proc = train_until_rows(["--preset", "tiny", "--run-dir", str(run)], 1)
+    os.kill(proc.pid, signal.SIGTERM)  # the driver alone
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    first = len(read_jsonl(str(rows)))
+    assert f"launch.train: stopped at step {first} (SIGTERM); resume with --resume {run}" in out
+    assert (run / f"ckpt-{first:06d}").is_dir()
+
+    proc = train_until_rows(["--resume", str(run)], first + 1)
+    os.killpg(proc.pid, signal.SIGTERM)  # the whole group: Ray's daemons too
+    out, err = proc.communicate(timeout=60)  # a driver waiting on the dead raylet: no end
+    assert proc.returncode == 130, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == (
+        "launch.train: SIGTERM reached the local Ray cluster too (a signal to the process "
+        f"group): stopped now; resume with --resume {run} (from its last checkpoint)")
+    steps = [r["step"] for r in read_jsonl(str(rows))]
+    assert len(steps) > first and steps == list(range(len(steps)))
+    deadline = time.monotonic() + 60  # the daemons die with the driver, the actors with them
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+
+
 def test_drain_finishes_the_rollouts_in_flight_for_their_own_steps(ray_cluster, tmp_path):
     """Trainer.drain (tools.compare.time_to_accuracy pauses its clock after it): the rollout
     already launched for step 1 is collected, still of version 0, and step 1 trains on it without a
