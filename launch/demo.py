@@ -18,7 +18,8 @@ by any rule the lenient parser accepts; `strict` also needs the asked `Answer: N
 temperature 1 for the first `PASS_N` questions of each split. Three completions per split,
 before and after, are printed, picked at random (the same questions for both), not the best.
 
-Ctrl-C stops the training after its step, with a checkpoint; the base model's scores are kept in
+Ctrl-C (or SIGTERM) stops the training after its step, with a checkpoint; the base model's scores
+are kept in
 RUN_DIR/demo-before.json, so `--resume RUN_DIR` (`make demo ARGS="--resume RUN_DIR"`) trains the
 remaining steps and scores the trained policy against them.
 """
@@ -244,7 +245,9 @@ def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
         since = f" (from step {trainer.start})" if resume else ""
         say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps{since} -> {run_dir}")
         t_train = time.perf_counter()
-        with stop_on_interrupt("launch.demo", say) as interrupted:  # the console, not the log
+        go_on = f"go on with: make demo ARGS=\"--resume {run_dir}\""
+        # the console, not the log; SIGTERM too (`kill PID`, a container's stop)
+        with stop_on_interrupt("launch.demo", say, sigterm=True, resume=go_on) as interrupted:
             # a learner that dies is restored from its checkpoint, as in launch.train
             summary, trainer = train_supervised(trainer, progress=console.stream,
                                                 on_step=interrupted.on_step)
