@@ -228,8 +228,8 @@ def test_sigterm_to_the_driver_stops_after_its_step_and_to_its_group_stops_at_on
     the step ends with a checkpoint, exit 0 and how to resume. Sent to the process group
     (`timeout`, systemd's stop) it also ends the local cluster's daemons, so the step can never
     finish and leaving Ray would wait on a dead raylet: the run stops at once, exit 130, with
-    one line naming the resume, and nothing of the group is left. The resumed run (the second
-    one here) carries on without a gap, and so would a third."""
+    one line naming the resume, and nothing of the group is left. The second run is the first
+    one resumed, and carries on without a gap."""
     import os
     import signal
     import subprocess
