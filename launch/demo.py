@@ -19,9 +19,8 @@ temperature 1 for the first `PASS_N` questions of each split. Three completions 
 before and after, are printed, picked at random (the same questions for both), not the best.
 
 Ctrl-C (or SIGTERM) stops the training after its step, with a checkpoint; the base model's scores
-are kept in
-RUN_DIR/demo-before.json, so `--resume RUN_DIR` (`make demo ARGS="--resume RUN_DIR"`) trains the
-remaining steps and scores the trained policy against them.
+are kept in RUN_DIR/demo-before.json, so `--resume RUN_DIR` (`make demo ARGS="--resume
+RUN_DIR"`) trains the remaining steps and scores the trained policy against them.
 """
 
 from __future__ import annotations
@@ -177,6 +176,11 @@ def resumable(run_dir: str, resume: bool) -> str | None:
     return None
 
 
+def go_on(run_dir: str) -> str:
+    """How a stopped demo continues, as the messages say it."""
+    return f"go on with: make demo ARGS=\"--resume {run_dir}\""
+
+
 def main(argv=None) -> int:
     t0 = time.perf_counter()
     # the run directory is opened as launch.train opens it: a new or empty one (or a stopped
@@ -187,7 +191,6 @@ def main(argv=None) -> int:
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     conn, log_path = RayConnection(), os.path.join(run_dir, LOG)
-    go_on = f"go on with: make demo ARGS=\"--resume {run_dir}\""
     rc = 1
     try:
         with QuietConsole(log_path, args.verbose) as console:
@@ -203,12 +206,12 @@ def main(argv=None) -> int:
         rc = 0
     except (*REFUSED, *STOPPED) as e:
         trained = bool(trained_files(run_dir))
-        rc, line = (1, f"; its checkpoints are kept ({log_path} has the details): {go_on}"
-                    ) if trained else (2, "")
+        rc, line = (1, f"; its checkpoints are kept ({log_path} has the details): "
+                       f"{go_on(run_dir)}") if trained else (2, "")
         print(f"launch.demo: error: {e}{line}", file=sys.stderr)
     except KeyboardInterrupt:  # a second Ctrl-C, or one while starting or scoring
         rc = 130
-        how = go_on if resumable(run_dir, True) is None else "start a new demo"
+        how = go_on(run_dir) if resumable(run_dir, True) is None else "start a new demo"
         print(f"launch.demo: interrupted; {how}", file=sys.stderr)
     finally:
         lock.release()
@@ -245,9 +248,9 @@ def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
         since = f" (from step {trainer.start})" if resume else ""
         say(f"[3/4] training preset {cfg.preset} for {cfg.run.steps} steps{since} -> {run_dir}")
         t_train = time.perf_counter()
-        go_on = f"go on with: make demo ARGS=\"--resume {run_dir}\""
         # the console, not the log; SIGTERM too (`kill PID`, a container's stop)
-        with stop_on_interrupt("launch.demo", say, sigterm=True, resume=go_on) as interrupted:
+        with stop_on_interrupt("launch.demo", say, sigterm=True,
+                               resume=go_on(run_dir)) as interrupted:
             # a learner that dies is restored from its checkpoint, as in launch.train
             summary, trainer = train_supervised(trainer, progress=console.stream,
                                                 on_step=interrupted.on_step)
@@ -255,7 +258,7 @@ def demo(cfg, run_dir: str, console: QuietConsole, resume: bool = False):
         say(f"[4/4] scoring the trained policy with {engine}")
         after = evaluate_sets(trainer.pool, sets, cfg, "trained", console.stream)
     except RunStopped as e:
-        say(f"launch.demo: {e}; go on with: make demo ARGS=\"--resume {run_dir}\" "
+        say(f"launch.demo: {e}; {go_on(run_dir)} "
             f"(or python -m launch.demo --resume {run_dir})")
         return None
     finally:

@@ -66,8 +66,8 @@ def _drive(cfg: Config, run_dir: str, resume: bool) -> tuple[int, str | None]:
         return 2, f"launch.train: error: {e}"
     except KeyboardInterrupt:  # Ctrl-C while the actors start (leaving Ray ends them)
         return 130, "launch.train: interrupted before the first step"
+    resume_hint = f"resume with --resume {run_dir} (from its last checkpoint)"
     try:
-        resume_hint = f"resume with --resume {run_dir} (from its last checkpoint)"
         with stop_on_interrupt("launch.train", sigterm=True, resume=resume_hint) as interrupted:
             summary = run_supervised(trainer, on_step=interrupted.on_step)
     except RunStopped as e:

@@ -1,7 +1,12 @@
 """End-to-end tiny runs on a real local Ray cluster: outputs, staleness, weight sync, resume."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,6 +185,19 @@ def test_overlong_rules_shape_the_train_batch(rule):
     np.testing.assert_allclose(plan.advantages, want, rtol=1e-5)
 
 
+def train_until_rows(args: list[str], rows: Path, at_least: int, **env):
+    """`launch.train --steps 1000 ARGS` on a local cluster of its own, in a session of its own
+    (signals to its group reach only it), returned once `rows` holds `at_least` rows."""
+    proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--steps", "1000", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "RAY_ADDRESS": "", **env})
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            rows.exists() and rows.read_text().count("\n") >= at_least):
+        time.sleep(0.5)
+    return proc
+
+
 def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file_and_stops_on_ctrl_c(
         tmp_path):
     """`ray start` (and ray.cluster_utils.Cluster) leave <RAY_TMPDIR>/ray/ray_current_cluster,
@@ -188,29 +206,15 @@ def test_a_local_run_starts_its_own_cluster_past_a_ray_start_address_file_and_st
     stale: here it names a port nothing listens on). Then a terminal's Ctrl-C (SIGINT to the
     whole process group, the local cluster's processes included) stops the run after its step
     with a checkpoint, exit 0 and how to resume (one run for both: each costs a cluster)."""
-    import os
-    import shutil
-    import signal
-    import subprocess
-    import sys
     import tempfile
-    import time
-    from pathlib import Path
 
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: socket paths are capped
     run, rows = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
     try:
         (ray_tmp / "ray").mkdir()
         (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1\n")
-        proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--preset", "tiny",
-                                 "--steps", "1000", "--run-dir", str(run)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True,
-                                env={**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": str(ray_tmp)})
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                rows.exists() and rows.read_text().count("\n") >= 1):
-            time.sleep(0.5)
+        proc = train_until_rows(["--preset", "tiny", "--run-dir", str(run)], rows, 1,
+                                RAY_TMPDIR=str(ray_tmp))
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
         out, err = proc.communicate(timeout=120)
     finally:
@@ -230,25 +234,8 @@ def test_sigterm_to_the_driver_stops_after_its_step_and_to_its_group_stops_at_on
     finish and leaving Ray would wait on a dead raylet: the run stops at once, exit 130, with
     one line naming the resume, and nothing of the group is left. The second run is the first
     one resumed, and carries on without a gap."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     run, rows = tmp_path / "run", tmp_path / "run" / "metrics.jsonl"
-
-    def train_until_rows(args: list[str], at_least: int) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "launch.train", "--steps", "1000", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, env={**os.environ, "RAY_ADDRESS": ""})
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline and not (
-                rows.exists() and rows.read_text().count("\n") >= at_least):
-            time.sleep(0.5)
-        return proc
-
-    proc = train_until_rows(["--preset", "tiny", "--run-dir", str(run)], 1)
+    proc = train_until_rows(["--preset", "tiny", "--run-dir", str(run)], rows, 1)
     os.kill(proc.pid, signal.SIGTERM)  # the driver alone
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
@@ -256,7 +243,7 @@ def test_sigterm_to_the_driver_stops_after_its_step_and_to_its_group_stops_at_on
     assert f"launch.train: stopped at step {first} (SIGTERM); resume with --resume {run}" in out
     assert (run / f"ckpt-{first:06d}").is_dir()
 
-    proc = train_until_rows(["--resume", str(run)], first + 1)
+    proc = train_until_rows(["--resume", str(run)], rows, first + 1)
     os.killpg(proc.pid, signal.SIGTERM)  # the whole group: Ray's daemons too
     out, err = proc.communicate(timeout=60)  # a driver waiting on the dead raylet: no end
     assert proc.returncode == 130, err[-3000:]
@@ -334,13 +321,11 @@ def test_a_step_that_refuses_every_prompt_is_one_line(ray_cluster, tmp_path, cap
 
 
 def test_sigterm_stops_after_the_step_where_asked_and_a_second_one_stops_at_once():
-    """stop_on_interrupt(sigterm=True), launch.train's under a joined cluster: SIGTERM (`ray job
-    stop`) sets the event as Ctrl-C does, naming itself; a second raises KeyboardInterrupt; the
-    previous handler is back afterwards. Without `sigterm` (homerl's train()) SIGTERM is left
-    alone. In a process of its own: a SIGTERM that missed the handler would end pytest."""
-    import subprocess
-    import sys
-
+    """stop_on_interrupt(sigterm=True), launch.train's and launch.demo's: SIGTERM (`ray job
+    stop`, `kill PID`) sets the event as Ctrl-C does, naming itself; a second raises
+    KeyboardInterrupt; the previous handler is back afterwards. Without `sigterm` (homerl's
+    train()) SIGTERM is left alone. In a process of its own: a SIGTERM that missed the handler
+    would end pytest."""
     code = """if True:
         import os, signal
         from launch.driver.supervise import stop_on_interrupt
