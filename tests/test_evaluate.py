@@ -88,6 +88,21 @@ def test_score_separates_format_from_skill_on_hand_made_completions():
     assert part["pass@1"] == pytest.approx((8 + 1) / 16) and part["pass@8"] == 1.0
 
 
+def test_evaluations_in_one_process_share_one_verifier_process():
+    """An evaluation scores with its process's verifier (`shared_pool`), which the first one
+    starts: the next one starts none (each used to start a process of its own, ~1 s)."""
+    from launch.evaluate.scoring import score
+    from rewards.sandbox.pool import shared_pool
+
+    samples = [{"question": "q0", "answer": "5"}]
+    score(samples, ["Answer: 5"], [2], 1.0)
+    pool = shared_pool()
+    pid, starts = pool.pid, pool.starts
+    assert pid is not None  # started, and still running after the evaluation
+    assert score(samples, ["Answer: 6"], [2], 1.0)["accuracy"] == 0.0
+    assert shared_pool() is pool and (pool.pid, pool.starts) == (pid, starts)
+
+
 def test_sampled_completions_are_graded_in_each_question_s_style():
     """pass@k asks what greedy accuracy asks: for a `words` question a digit answer is wrong."""
     from launch.evaluate.scoring import score

@@ -373,8 +373,11 @@ _global_pool_pid: int | None = None
 _global_lock = threading.Lock()
 
 
-def _shared_pool() -> VerifierPool:
-    """The process-global pool, created on first use (and again after a fork)."""
+def shared_pool() -> VerifierPool:
+    """The process-global pool, created on first use (and again after a fork): one verifier
+    process for every caller in this process (an evaluation's scoring, the app's verdicts),
+    so that each call does not pay a process start (~1 s of imports and warm-up) of its own.
+    Closed at exit."""
     global _global_pool, _global_pool_pid
     with _global_lock:
         if _global_pool is None or _global_pool_pid != os.getpid():
@@ -389,5 +392,5 @@ def score_completions(
     styles: Sequence[str | None] | None = None, verifiers: Sequence[str | None] | None = None,
 ) -> list[RewardResult]:
     """Score a batch with the lazily created process-global `VerifierPool`."""
-    return _shared_pool().score(completions, answers, timeout_s=timeout_s, styles=styles,
+    return shared_pool().score(completions, answers, timeout_s=timeout_s, styles=styles,
                                 verifiers=verifiers)
