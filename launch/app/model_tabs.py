@@ -15,7 +15,7 @@ from launch.app.policy import Policy, PolicyError
 from launch.app.runs import FormError, checkpoints
 from launch.evaluate.saved_models import evaluate_many, resolve_model_or_final, table
 from launch.evaluate.sets import SET_NAMES, heldout_sets
-from rewards.sandbox.pool import shared_pool
+from rewards.sandbox.pool import score_completions
 from rewards.verifiers.reference import parse_reference
 from tasks import DatasetError
 from tasks.eval_file import read_eval_file
@@ -125,7 +125,7 @@ def _loaded(model: str):
 
 def verdict(completion: str, expected: str) -> str:
     """The verifier's word on `completion` against `expected`, in one line."""
-    (r,) = shared_pool().score([completion], [expected])  # the app's one verifier process
+    (r,) = score_completions([completion], [expected])  # the app's one verifier process
     right = "correct" if r.score == 1.0 else "wrong"
     fmt = "in the asked 'Answer: N' format" if r.format_score == 1.0 else "not in the asked format"
     parsed = f"parsed answer {r.parsed}" if r.parsed is not None else "no answer parsed"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from rewards.sandbox.pool import shared_pool
+from rewards.sandbox.pool import score_completions
 
 EXAMPLES = 3
 """completions shown per set, picked at random (seeded), not the best"""
@@ -52,12 +52,12 @@ def score(samples: list[dict], texts: list[str], lengths: list[int], wall_s: flo
     """
     answers, styles = [s["answer"] for s in samples], [s.get("style") for s in samples]
     checks = [s.get("verifier") for s in samples]  # each sample's verifier (None: numeric)
-    pool = shared_pool()  # this process's verifier: started by the first evaluation only
-    results = pool.score(texts, answers, styles=styles, verifiers=checks)
+    # this process's one verifier (rewards.sandbox.pool.shared_pool): the first evaluation starts it
+    results = score_completions(texts, answers, styles=styles, verifiers=checks)
     flat = [t for group in sampled or [] for t in group]
-    graded = pool.score(flat, [a for a, g in zip(answers, sampled or []) for _ in g],
-                        styles=[st for st, g in zip(styles, sampled or []) for _ in g],
-                        verifiers=[c for c, g in zip(checks, sampled or []) for _ in g])
+    graded = score_completions(flat, [a for a, g in zip(answers, sampled or []) for _ in g],
+                               styles=[st for st, g in zip(styles, sampled or []) for _ in g],
+                               verifiers=[c for c, g in zip(checks, sampled or []) for _ in g])
     n = len(samples)
     out = {
         "accuracy": sum(r.any_rule for r in results) / n,
